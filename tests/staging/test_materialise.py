@@ -1,0 +1,107 @@
+"""Materialising staged directories from storage (local folder and moto S3), verified against manifests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlbuild.sources import parse_source
+from rlbuild.staging import (
+    ManifestMismatchError,
+    StagingError,
+    filesystem,
+    materialise,
+    materialise_inputs,
+    stage_data,
+    stage_model,
+)
+from tests.staging.conftest import write_model_folder
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> Path:
+    """An experiment root with a staged model and staged data, as the stage rules leave it."""
+    root = tmp_path / "results" / "tiny"
+    src = parse_source(f"local:{write_model_folder(tmp_path / 'src-model', b'weights')}", "v1")
+    stage_model(src, src, root / "stage/model/v1")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(5)))
+    stage_data([parse_source(f"local:{data}", "v1")], [parse_source(f"local:{data}", "v1")], root / "stage/data/v1")
+    for d in ("stage/model/v1", "stage/data/v1"):
+        (root / d / "identity.json").write_text("{}")
+    return root
+
+
+def _launch(base: str) -> dict:
+    return {
+        "inputs": {
+            "model": {"uri": f"{base}/stage/model/v1", "identity": "x", "tokenizer_uri": f"{base}/stage/model/v1"},
+            "train_data": [{"uri": f"{base}/stage/data/v1/train/0.jsonl", "identity": "y", "kind": "jsonl"}],
+            "validation_data": [{"uri": f"{base}/stage/data/v1/validation/0.jsonl", "identity": "y", "kind": "jsonl"}],
+        }
+    }
+
+
+def test_materialise_local_and_reuse(staged: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    local = materialise(str(staged / "stage/data/v1/train/0.jsonl"), cache)
+    assert local.read_bytes() == (staged / "stage/data/v1/train/0.jsonl").read_bytes()
+    assert local.is_relative_to(cache) and (local.parent.parent / "manifest.json").is_file()
+    assert materialise(str(staged / "stage/data/v1/validation/0.jsonl"), cache).parent.parent == local.parent.parent
+
+    local.write_text("tampered on the node\n")
+    with pytest.raises(ManifestMismatchError, match=r"(?s)cached copy .*train/0\.jsonl: size.*never replaced silently"):
+        materialise(str(staged / "stage/data/v1/train/0.jsonl"), cache)
+
+
+def test_materialise_needs_a_staged_directory(tmp_path: Path) -> None:
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(StagingError, match=r"no manifest\.json at or above"):
+        materialise(str(tmp_path / "plain"), tmp_path / "cache")
+    with pytest.raises(StagingError, match="relative"):
+        materialise("results/tiny/stage/model/v1", tmp_path / "cache")
+
+
+def test_materialise_inputs_from_launch_file(staged: Path, tmp_path: Path) -> None:
+    launch = tmp_path / "launch.yaml"
+    launch.write_text(yaml.safe_dump(_launch(str(staged))))
+    paths = materialise_inputs(launch, tmp_path / "cache")
+    assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"
+    assert paths["tokenizer"] == paths["model"]
+    assert [p.name for p in paths["train_data"]] == ["0.jsonl"]
+    assert paths["validation_data"][0].parent.name == "validation"
+    with pytest.raises(StagingError, match="inputs field 'model'"):
+        materialise_inputs({"inputs": {}}, tmp_path / "cache")
+
+
+def _upload(staged: Path, bucket: str) -> str:
+    fs = filesystem(bucket)
+    base = f"{bucket}/exp/tiny"
+    for path in sorted(p for p in staged.rglob("*") if p.is_file()):
+        fs.put_file(str(path), f"{base}/{path.relative_to(staged).as_posix()}")
+    return base
+
+
+def test_materialise_from_s3_then_tamper(staged: Path, tmp_path: Path, s3_env: str) -> None:
+    base = _upload(staged, s3_env)
+    paths = materialise_inputs(_launch(base), tmp_path / "cache")
+    assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"
+    assert paths["model"] == tmp_path / "cache/s3/rlbuild-test/exp/tiny/stage/model/v1"
+    assert paths["train_data"][0].read_bytes() == (staged / "stage/data/v1/train/0.jsonl").read_bytes()
+    assert not (paths["model"] / "identity.json").exists()  # records are not payload
+
+    fs = filesystem(s3_env)
+    fs.pipe_file(f"{base}/stage/model/v1/model.safetensors", b"WEIGHTS")  # same size, other bytes
+    fs.pipe_file(f"{base}/stage/model/v1/stray.txt", b"?")
+    fs.rm_file(f"{base}/stage/model/v1/config.json")
+    with pytest.raises(ManifestMismatchError) as info:
+        materialise(f"{base}/stage/model/v1", tmp_path / "fresh-cache")
+    assert sorted(info.value.problems) == [
+        "config.json: missing",
+        "model.safetensors: sha256 " + info.value.problems[-1].split("sha256 ")[1],
+        "stray.txt: extra file not in the manifest",
+    ]
+    assert not list((tmp_path / "fresh-cache").rglob("*.safetensors"))  # nothing half-materialised
