@@ -445,8 +445,8 @@ def stage_data(
 # --------------------------------------------------------------------------- storage access
 
 
-def filesystem(uri: str) -> fsspec.AbstractFileSystem:
-    """The fsspec filesystem for a local path or `s3://` URI.
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path within it) for a local path or an `s3://` URI.
 
     S3 settings come from the variables the Snakemake S3 storage plugin reads
     (SNAKEMAKE_STORAGE_S3_{ENDPOINT_URL,ACCESS_KEY,SECRET_KEY,TOKEN,REGION}), so jobs reach the same
@@ -455,13 +455,13 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
     if not uri.startswith("s3://"):
         if "://" in uri:
             raise StagingError(f"storage URI {uri!r}: only local absolute paths and s3:// URIs are supported")
-        return fsspec.filesystem("file")
+        return fsspec.filesystem("file"), uri
     env = os.environ
     client_kwargs = {}
     if env.get("SNAKEMAKE_STORAGE_S3_REGION"):
         client_kwargs["region_name"] = env["SNAKEMAKE_STORAGE_S3_REGION"]
     # No listing or instance cache: a verification must see storage as it is now.
-    return fsspec.filesystem(
+    fs = fsspec.filesystem(
         "s3",
         endpoint_url=env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
         key=env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,
@@ -471,6 +471,7 @@ def filesystem(uri: str) -> fsspec.AbstractFileSystem:
         skip_instance_cache=True,
         use_listings_cache=False,
     )
+    return fs, uri.removeprefix("s3://")
 
 
 def _join(base: str, rel: str) -> str:
@@ -539,7 +540,7 @@ def materialise(uri: str, dest: Path) -> Path:
     A cached copy is reused only if it verifies against the manifest in storage; otherwise this raises
     ManifestMismatchError naming the files (delete the cached copy to fetch it again).
     """
-    fs = filesystem(uri)
+    fs, _ = filesystem(uri)
     root, rel = _staged_root(fs, uri)
     with fs.open(_join(root, MANIFEST), "r") as f:
         manifest_text = f.read()
@@ -581,8 +582,8 @@ def materialise_inputs(launch: str | Path | Mapping[str, Any], cache_dir: Path) 
     if isinstance(launch, Mapping):
         doc = launch
     else:
-        text = str(launch)
-        with filesystem(text).open(text, "r") as f:
+        fs, path = filesystem(str(launch))
+        with fs.open(path, "r") as f:
             doc = yaml.safe_load(f)
     try:
         inputs = doc["inputs"]

@@ -78,7 +78,7 @@ def test_materialise_inputs_from_launch_file(staged: Path, tmp_path: Path) -> No
 
 
 def _upload(staged: Path, bucket: str) -> str:
-    fs = filesystem(bucket)
+    fs, _ = filesystem(bucket)
     base = f"{bucket}/exp/tiny"
     for path in sorted(p for p in staged.rglob("*") if p.is_file()):
         fs.put_file(str(path), f"{base}/{path.relative_to(staged).as_posix()}")
@@ -93,7 +93,7 @@ def test_materialise_from_s3_then_tamper(staged: Path, tmp_path: Path, s3_env: s
     assert paths["train_data"][0].read_bytes() == (staged / "stage/data/v1/train/0.jsonl").read_bytes()
     assert not (paths["model"] / "identity.json").exists()  # records are not payload
 
-    fs = filesystem(s3_env)
+    fs, _ = filesystem(s3_env)
     fs.pipe_file(f"{base}/stage/model/v1/model.safetensors", b"WEIGHTS")  # same size, other bytes
     fs.pipe_file(f"{base}/stage/model/v1/stray.txt", b"?")
     fs.rm_file(f"{base}/stage/model/v1/config.json")
