@@ -29,6 +29,7 @@ __all__ = [
     "SourceError",
     "StagingError",
     "filesystem",
+    "local_content_digest",
     "manifest_digest",
     "materialise",
     "materialise_inputs",
@@ -329,9 +330,30 @@ def stage_model(
             )
         files.update(tokenizer_files)
     out_dir = _prepare_out_dir(out_dir)
-    for rel, path in files.items():
-        _copy_file(path, out_dir / rel)
+    try:
+        for rel, path in files.items():
+            _copy_file(path, out_dir / rel)
+    except BaseException:
+        # Leave nothing that looks like (part of) a model behind.
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     return write_manifest(out_dir)
+
+
+def local_content_digest(source: Source) -> str:
+    """Digest of the content a `local:` source holds now, in the manifest_digest form.
+
+    A local revision is only a label the user types, so the identity of a local input must also carry
+    its content: edit a file and the fingerprint changes. Hashes every file, so it costs one read of
+    the source.
+    """
+    if source.scheme != "local":
+        raise SourceError(f"source {source}: only local: sources need a content digest; the others are pinned")
+    path = _local_path(source)
+    files = {path.name: path} if path.is_file() else dict(_folder_files(path))
+    return manifest_digest(
+        {"files": {rel: {"sha256": _sha256_file(p), "size": p.stat().st_size} for rel, p in files.items()}}
+    )
 
 
 # --------------------------------------------------------------------------- stage_data

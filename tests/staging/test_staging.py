@@ -13,13 +13,14 @@ from rlbuild.sources import REPO_ROOT, SourceError, parse_source
 from rlbuild.staging import (
     ManifestMismatchError,
     StagingError,
+    local_content_digest,
     manifest_digest,
     stage_data,
     stage_model,
     verify_manifest,
     write_manifest,
 )
-from tests.staging.conftest import REPO, SHA_A, SHA_B, write_model_folder
+from tests.staging.conftest import REPO, SHA_A, SHA_B, add_hf_snapshot, write_model_folder
 
 
 def test_parse_source_grammar() -> None:
@@ -187,3 +188,29 @@ def test_verify_manifest_names_every_problem(tmp_path: Path) -> None:
 def test_verify_without_manifest_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(StagingError, match="not a completed staged directory"):
         verify_manifest(tmp_path)
+
+
+def test_local_content_digest_follows_the_content(tmp_path: Path) -> None:
+    model = write_model_folder(tmp_path / "model", b"W")
+    src = parse_source(f"local:{model}", "v1")
+    before = local_content_digest(src)
+    assert before == manifest_digest(stage_model(src, src, tmp_path / "out"))
+    (model / "model.safetensors").write_bytes(b"W2")
+    assert local_content_digest(src) != before
+    with pytest.raises(SourceError):
+        local_content_digest(parse_source("task:addition/train", "seed-0"))
+
+
+def test_stage_data_from_offline_hf_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(_rows(3)), buffer)
+    cache = tmp_path / "hf-cache"
+    add_hf_snapshot(cache, "acme/sums", SHA_A, {"data/train.parquet": buffer.getvalue(), "README.md": b"x"})
+    (cache / "models--acme--sums").rename(cache / "datasets--acme--sums")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    stage_data([parse_source("hf:acme/sums/data/train.parquet", SHA_A)], [], tmp_path / "out")
+    rows = [json.loads(line) for line in (tmp_path / "out/train/0.jsonl").read_text().splitlines()]
+    assert rows == _rows(3)
