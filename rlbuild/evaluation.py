@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlbuild.staging import filesystem
+from rlbuild.staging import filesystem, verify_staged
 
 RESULTS = "results.json"
 TABLE = "results.html"
@@ -29,7 +29,12 @@ class EvalError(Exception):
 
 
 def read_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
-    """The {prompt, answer} rows of staged validation files, in file order."""
+    """The {prompt, answer} rows of staged validation files, in file order, verified against the manifest."""
+    verified: set[Path] = set()
+    for path in files:
+        # Each staged directory once: its manifest covers all its files.
+        if not any(Path(path).resolve().is_relative_to(root) for root in verified):
+            verified.add(verify_staged(path))
     rows: list[dict[str, Any]] = []
     for path in files:
         for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):

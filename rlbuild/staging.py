@@ -37,6 +37,7 @@ __all__ = [
     "stage_data",
     "stage_model",
     "verify_manifest",
+    "verify_staged",
     "write_manifest",
 ]
 
@@ -594,6 +595,18 @@ def materialise(uri: str, dest: Path) -> Path:
     if not local.exists():
         raise StagingError(f"{uri}: {rel!r} is not a file of the staged directory {root}")
     return local
+
+
+def verify_staged(path: Path) -> Path:
+    """Verify the staged directory holding the local `path` (a file in it, or the directory); return its root.
+
+    For stages that get their inputs as local files (Snakemake already copied them from storage):
+    the same check materialise does, without copying.
+    """
+    path = Path(path).resolve()
+    root, _ = _staged_root(fsspec.filesystem("file"), str(path))
+    verify_manifest(Path(root))
+    return Path(root)
 
 
 def materialise_inputs(launch: str | Path | Mapping[str, Any], cache_dir: Path) -> dict[str, Any]:

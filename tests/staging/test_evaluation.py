@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rlbuild.evaluation import EvalError, plot_curves, read_metrics, run_eval
+from rlbuild.staging import ManifestMismatchError, StagingError, write_manifest
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -24,8 +25,12 @@ def _metrics(path: Path) -> Path:
     return path
 
 
-def _validation(path: Path, n: int = 5) -> Path:
+def _validation(staged: Path, n: int = 5) -> Path:
+    """A staged data directory's validation file (with its manifest), as the eval rule receives it."""
+    path = staged / "validation" / "0.jsonl"
+    path.parent.mkdir(parents=True)
     path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(n)))
+    write_manifest(staged)
     return path
 
 
@@ -56,7 +61,7 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, scoring: list[dic
     model = tmp_path / "export"
     model.mkdir()
     metrics = _metrics(tmp_path / "metrics.jsonl")
-    results = run_eval(model, [_validation(tmp_path / "0.jsonl")], str(metrics), tmp_path / "eval", k=2, seed=7)
+    results = run_eval(model, [_validation(tmp_path / "data")], str(metrics), tmp_path / "eval", k=2, seed=7)
 
     out = tmp_path / "eval"
     assert json.loads((out / "results.json").read_text()) == results
@@ -85,10 +90,18 @@ def test_plot_without_metrics(tmp_path: Path) -> None:
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
-def test_bad_validation_rows_are_named(tmp_path: Path, scoring: list[dict[str, Any]]) -> None:
-    bad = tmp_path / "0.jsonl"
-    bad.write_text('{"prompt": "1+1="}\n')
+def test_validation_data_is_verified_and_checked(tmp_path: Path, scoring: list[dict[str, Any]]) -> None:
+    loose = tmp_path / "loose.jsonl"
+    loose.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    with pytest.raises(StagingError, match=r"no manifest\.json at or above"):
+        run_eval(tmp_path, [loose], None, tmp_path / "eval", seed=0)
+
+    path = _validation(tmp_path / "data")
+    path.write_text('{"prompt": "1+1="}\n')
+    with pytest.raises(ManifestMismatchError, match=r"validation/0\.jsonl: size"):
+        run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
+    write_manifest(tmp_path / "data")  # staged like that: the row itself is refused
     with pytest.raises(EvalError, match=r"0\.jsonl:1: a validation row needs prompt and answer"):
-        run_eval(tmp_path, [bad], None, tmp_path / "eval", seed=0)
+        run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
     with pytest.raises(EvalError, match="no validation rows"):
         run_eval(tmp_path, [], None, tmp_path / "eval", seed=0)
