@@ -1,0 +1,56 @@
+# rlbuild: every artifact of an RL experiment is a file target; the whole plan is checked before any job runs.
+# Logic lives in the `rlbuild` library and `trainer`; rules are inputs, outputs, resources and one call.
+from pathlib import Path
+
+from rlbuild.errors import RlbuildError
+from rlbuild.workflow import Graph, fail
+
+
+configfile: "config/config.yaml"
+
+
+REPO = Path(workflow.basedir)
+EXPERIMENT_FILE = REPO / "config" / "experiments" / f"{config['experiment']}.yaml"
+
+try:
+    GRAPH = Graph(experiment_file=EXPERIMENT_FILE, announce=workflow.is_main_process)
+    GRAPH.bind_storage(workflow, REPO / config["storage_root"])
+except RlbuildError as error:
+    fail(error)
+
+EXP = GRAPH.experiment
+ARGS = f"--experiment {EXPERIMENT_FILE} --storage-root {GRAPH.storage_root}"
+
+if not workflow.storage_settings.default_storage_provider:
+
+    workdir: GRAPH.experiment_root
+
+
+wildcard_constraints:
+    version=r"[^/]+",
+
+
+localrules:
+    all,
+    identity_marker,
+
+
+rule all:
+    input:
+        expand("eval/v{version}/results.json", version=config["versions"]),
+    default_target: True
+
+
+rule identity_marker:
+    # A new fingerprint of a `dev` artifact is a new, missing input: Make semantics rebuild what changed.
+    output:
+        ".fingerprints/{kind}/v{version}/{fingerprint}",
+    shell:
+        "touch {output}"
+
+
+include: "rules/stage.smk"
+include: "rules/launch.smk"
+include: "rules/train.smk"
+include: "rules/export.smk"
+include: "rules/eval.smk"

@@ -1,0 +1,5 @@
+import sys
+
+from rlbuild.cli import main
+
+sys.exit(main())

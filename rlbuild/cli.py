@@ -1,0 +1,233 @@
+"""`rlbuild`: the preflight check for people, and one subcommand per rule for Snakemake.
+
+Each rule calls exactly one subcommand; each subcommand writes its payload first and the identity record last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlbuild.errors import PreflightError, RlbuildError
+from rlbuild.identity import RECORD_NAME
+from rlbuild.launch import dump_launch
+from rlbuild.planview import format_plan, plan_dict
+from rlbuild.preflight import Plan, resolve_file
+from rlbuild.redact import redact, redact_text
+from rlbuild.storage import atomic_write_text, write_json
+
+EXIT_INVALID = 2
+DEFAULT_STORAGE_ROOT = "results"
+
+
+def _storage_root(root: str) -> str:
+    return root if "://" in root else str(Path(root).resolve())
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    return resolve_file(Path(args.experiment), args.version, _storage_root(args.storage_root))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        plan = _plan(args)
+    except PreflightError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "errors": [v.as_dict() for v in exc.violations]}, indent=2))
+        else:
+            print(redact_text(str(exc)), file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        print(json.dumps({"ok": True, "plan": plan_dict(plan)}, indent=2))
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+def cmd_base_model(args: argparse.Namespace) -> int:
+    from trainer.tiny import build_base_model
+
+    plan = _plan(args)
+    out = Path(args.out)
+    summary = build_base_model(out, seed=plan.experiment.seed)
+    write_json(out / "build.json", summary)
+    write_json(out / RECORD_NAME, plan.records["base_model"])
+    return 0
+
+
+def cmd_stage_model(args: argparse.Namespace) -> int:
+    from rlbuild.staging import parse_source, stage_model
+
+    plan = _plan(args)
+    model = plan.experiment.model
+    artifacts = {"base_model": Path(args.base_model)} if args.base_model else None
+    out = Path(args.out)
+    stage_model(
+        parse_source(model.source, model.revision),
+        parse_source(model.tokenizer.source, model.tokenizer.revision),
+        out,
+        artifact_dirs=artifacts,
+    )
+    write_json(out / RECORD_NAME, plan.records["stage_model"])
+    return 0
+
+
+def cmd_stage_data(args: argparse.Namespace) -> int:
+    from rlbuild.staging import parse_source, stage_data
+
+    plan = _plan(args)
+    data = plan.experiment.data
+    out = Path(args.out)
+    stage_data(
+        [parse_source(d.source, d.revision) for d in data.train],
+        [parse_source(d.source, d.revision) for d in data.validation],
+        out,
+    )
+    write_json(out / RECORD_NAME, plan.records["stage_data"])
+    return 0
+
+
+def cmd_resolve_launch(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    out = Path(args.out)
+    atomic_write_text(out, dump_launch(redact(plan.launch)))
+    atomic_write_text(Path(args.plan), format_plan(plan) + "\n")
+    write_json(Path(args.record), plan.records["launch"])
+    return 0
+
+
+def _launch_record(launch_path: str) -> dict[str, Any]:
+    record = json.loads((Path(launch_path).parent / RECORD_NAME).read_text())
+    return record
+
+
+def _derived_record(launch_path: str, kind: str) -> dict[str, Any]:
+    from rlbuild.identity import make_record
+
+    launch = _launch_record(launch_path)
+    return make_record(
+        experiment=launch["name"],
+        kind=kind,
+        version=launch["version"],
+        fields=launch["fields"],
+        deps={"launch": launch["identity"]},
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    command = [sys.executable, "-m", "trainer", "run", "--launch", args.launch, "--terminal", args.terminal]
+    if args.allow_retrain:
+        command.append("--allow-retrain")
+    result = subprocess.run(command, check=False)
+    if result.returncode:
+        return result.returncode
+    write_json(Path(args.record), _derived_record(args.launch, "train"))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    command = [sys.executable, "-m", "trainer", "export", "--launch", args.launch, "--terminal", args.terminal]
+    result = subprocess.run([*command, "--out", args.out], check=False)
+    if result.returncode:
+        return result.returncode
+    write_json(Path(args.out) / RECORD_NAME, _derived_record(args.launch, "export"))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rlbuild.evaluation import run_eval
+
+    launch = yaml.safe_load(Path(args.launch).read_text())
+    out = Path(args.out)
+    validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
+    run_eval(
+        Path(args.model),
+        validation,
+        launch["artifacts"]["metrics_uri"],
+        out,
+        k=args.k,
+        seed=launch["run"]["seed"],
+    )
+    write_json(out / RECORD_NAME, _derived_record(args.launch, "eval"))
+    return 0
+
+
+def _experiment_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--experiment", required=True, help="path to config/experiments/<name>.yaml")
+    parser.add_argument("--version", required=True, help="YYYY.MM.DD[.N] or dev")
+    parser.add_argument("--storage-root", default=DEFAULT_STORAGE_ROOT, help="local folder or s3://bucket/prefix")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlbuild", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="run every preflight check; print the plan or all errors (exit 0 / 2)")
+    check.add_argument("experiment", help="path to config/experiments/<name>.yaml")
+    check.add_argument("--version", default="dev", help="YYYY.MM.DD[.N] or dev (default: dev)")
+    check.add_argument("--storage-root", default=DEFAULT_STORAGE_ROOT, help="local folder or s3://bucket/prefix")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(func=cmd_check)
+
+    for name, func, help_text in (
+        ("base-model", cmd_base_model, "build the tiny base model in code (embedded default)"),
+        ("stage-model", cmd_stage_model, "stage model + tokenizer with a manifest"),
+        ("stage-data", cmd_stage_data, "stage train/validation data with a manifest"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        _experiment_args(p)
+        p.add_argument("--out", required=True)
+        if name == "stage-model":
+            p.add_argument("--base-model", help="folder made by the base_model rule, for artifact:base_model")
+        p.set_defaults(func=func)
+
+    launch = sub.add_parser("resolve-launch", help="write the resolved launch.yaml and its identity record")
+    _experiment_args(launch)
+    launch.add_argument("--out", required=True)
+    launch.add_argument("--record", required=True)
+    launch.add_argument("--plan", required=True, help="where to write the human-readable plan (for the report)")
+    launch.set_defaults(func=cmd_resolve_launch)
+
+    train = sub.add_parser("train", help="run the trainer, then write the train identity record")
+    train.add_argument("--launch", required=True)
+    train.add_argument("--terminal", required=True)
+    train.add_argument("--record", required=True)
+    train.add_argument("--allow-retrain", action="store_true", help="retrain a fixed version's completed run")
+    train.set_defaults(func=cmd_train)
+
+    export = sub.add_parser("export", help="export the terminal checkpoint as a Hugging Face folder")
+    export.add_argument("--launch", required=True)
+    export.add_argument("--terminal", required=True)
+    export.add_argument("--out", required=True)
+    export.set_defaults(func=cmd_export)
+
+    evaluate = sub.add_parser("eval", help="score the export on the validation set; write results and plots")
+    evaluate.add_argument("--launch", required=True)
+    evaluate.add_argument("--model", required=True)
+    evaluate.add_argument("--data", required=True)
+    evaluate.add_argument("--out", required=True)
+    evaluate.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k")
+    evaluate.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PreflightError as exc:
+        print(redact_text(str(exc)), file=sys.stderr)
+        return EXIT_INVALID
+    except RlbuildError as exc:
+        print(f"rlbuild: {redact_text(str(exc))}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

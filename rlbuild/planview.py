@@ -1,0 +1,99 @@
+"""The plan a reviewer reads before a launch (seed 001's list), as text or JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlbuild.identity import MUTABLE_VERSION
+from rlbuild.preflight import Plan
+from rlbuild.redact import redact
+from rlbuild.storage import join
+
+STAGES = ("base_model", "stage_model", "stage_data", "launch", "train", "export", "eval")
+
+
+def artifact_uris(plan: Plan) -> dict[str, str]:
+    p = plan.paths
+    rel = {
+        "base_model": p.base_model,
+        "stage_model": p.staged_model,
+        "stage_data": p.staged_data,
+        "launch": p.launch,
+        "train": p.terminal,
+        "export": p.export,
+        "eval": p.eval,
+    }
+    return {kind: join(plan.experiment_root, path) for kind, path in rel.items() if kind in plan.records}
+
+
+def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
+    e, g = plan.experiment, plan.geometry
+    rp = e.role_plan
+    return redact(
+        {
+            "experiment": e.name,
+            "version": plan.version,
+            "mutable": plan.version == MUTABLE_VERSION,
+            "runtime": {**plan.launch["runtime"]},
+            "allocation": {**plan.launch["iris"]["allocation"], "total_gpus": g.allocated_gpus},
+            "placement": {k: plan.launch["iris"][k] for k in ("cluster", "priority", "max_retries")},
+            "geometry": {
+                "colocate_all": rp.colocate_all,
+                "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
+                "reference": "shares policy GPUs"
+                if rp.colocate_all or rp.ref_num_nodes == 0
+                else f"{rp.ref_num_nodes} nodes",
+                "engines": rp.num_inference_engines,
+                "tp": rp.inference_engine_tensor_parallel_size,
+                "pp": rp.inference_engine_pipeline_parallel_size,
+                "dp": rp.inference_engine_data_parallel_size,
+                "ep": rp.inference_engine_expert_parallel_size,
+                **g.as_dict(),
+            },
+            "batches": {
+                "train_batch_size": rp.train_batch_size,
+                "policy_mini_batch_size": rp.policy_mini_batch_size,
+                "micro_train_batch_size_per_gpu": rp.micro_train_batch_size_per_gpu,
+                "n_samples_per_prompt": rp.n_samples_per_prompt,
+                "max_steps": plan.recipe["trainer"]["max_steps"],
+            },
+            "artifacts": {k: r["identity"] for k, r in plan.records.items()},
+            "outputs": artifact_uris(plan),
+            "temporary_root": plan.launch["artifacts"]["checkpoint_root"].rsplit("/", 1)[0],
+            "terminal_stage": terminal_stage,
+        }
+    )
+
+
+def format_plan(plan: Plan, terminal_stage: str = "export") -> str:
+    d = plan_dict(plan, terminal_stage)
+    geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
+    mode = "mutable: rebuilds when inputs change" if d["mutable"] else "immutable"
+    roles = (
+        f"{'colocated' if geo['colocate_all'] else 'separate'}: policy {geo['policy']} = {geo['policy_gpus']} GPUs; "
+        f"{geo['engines']} engine(s) TP{geo['tp']} PP{geo['pp']} DP{geo['dp']} EP{geo['ep']} = {geo['rollout_gpus']} "
+        f"GPUs; reference {geo['reference']}"
+    )
+    lines = [
+        f"rlbuild plan: {d['experiment']} @ {d['version']} ({mode})",
+        f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
+        f"source digest {d['runtime']['source_digest'][:16]}",
+        f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
+        f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
+        f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
+        f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
+        f"  batches        {bat['train_batch_size']} prompts x {bat['n_samples_per_prompt']} samples = "
+        f"{geo['samples_per_step']} samples/step; mini {bat['policy_mini_batch_size']} "
+        f"({geo['optimizer_steps_per_global_step']} optimizer step(s)/step); micro "
+        f"{bat['micro_train_batch_size_per_gpu']}/GPU ({geo['micro_batches_per_optimizer_step']} micro-batches); "
+        f"{bat['max_steps']} steps",
+        "  artifacts",
+    ]
+    for kind in STAGES:
+        if kind in d["artifacts"]:
+            lines.append(f"    {kind:<12} {d['artifacts'][kind]:<58} {d['outputs'][kind]}")
+    lines += [
+        f"  temporary      {d['temporary_root']}",
+        f"  terminal stage {d['terminal_stage']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""The experiment file (`config/experiments/<name>.yaml`) as pydantic models.
+
+Field names are the user-facing contract. Unknown keys are errors with a "did you mean".
+Structural problems (types, unknown keys, missing fields) are collected all at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
+
+from rlbuild.errors import PreflightError, Violation
+
+VERSION_PATTERN = re.compile(r"^(\d{4}\.\d{2}\.\d{2}(\.\d+)?|dev)$")
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+SIZE_PATTERN = re.compile(r"^(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Runtime(_Strict):
+    entrypoint: Literal["grpo", "fully_async"]
+    strategy: Literal["fsdp2", "megatron"]
+
+
+class Tokenizer(_Strict):
+    source: str
+    revision: str
+
+
+class Model(_Strict):
+    source: str
+    revision: str
+    tokenizer: Tokenizer
+
+
+class DataSource(_Strict):
+    source: str
+    revision: str
+
+
+class Data(_Strict):
+    train: list[DataSource] = Field(min_length=1)
+    validation: list[DataSource] = Field(min_length=1)
+
+
+class Topology(_Strict):
+    num_nodes: PositiveInt
+    gpus_per_node: PositiveInt
+    gpu_variant: str = Field(min_length=1)
+
+
+class RolePlan(_Strict):
+    """Every field is explicit. `ref_num_nodes: 0` means the reference shares the policy's GPUs."""
+
+    colocate_all: bool
+    policy_num_nodes: PositiveInt
+    policy_num_gpus_per_node: PositiveInt
+    ref_num_nodes: NonNegativeInt
+    num_inference_engines: PositiveInt
+    inference_engine_tensor_parallel_size: PositiveInt
+    inference_engine_pipeline_parallel_size: PositiveInt
+    inference_engine_data_parallel_size: PositiveInt
+    inference_engine_expert_parallel_size: PositiveInt
+    train_batch_size: PositiveInt
+    policy_mini_batch_size: PositiveInt
+    micro_train_batch_size_per_gpu: PositiveInt
+    n_samples_per_prompt: PositiveInt
+
+
+class Retention(_Strict):
+    resume_checkpoint_count: int = Field(ge=1, le=5)
+    temporary_storage_ttl_days: PositiveInt
+
+
+class IrisExecution(_Strict):
+    """Placement on Iris. Never part of an artifact's identity."""
+
+    cluster: str = Field(min_length=1)
+    cpu: float = Field(gt=0)
+    memory: str
+    disk: str
+    priority: Literal["production", "interactive", "batch"] = "interactive"
+    max_retries: NonNegativeInt = 1
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    @field_validator("memory", "disk")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        if not SIZE_PATTERN.match(value.strip()):
+            raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+        return value.strip()
+
+
+class Execution(_Strict):
+    iris: IrisExecution | None = None
+
+
+class Experiment(_Strict):
+    name: str
+    seed: NonNegativeInt
+    runtime: Runtime
+    model: Model
+    data: Data
+    topology: Topology
+    role_plan: RolePlan
+    retention: Retention
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    execution: Execution = Field(default_factory=Execution)
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, protected_namespaces=())
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value) or ".." in value:
+            raise ValueError(
+                f"{value!r} is not a path segment; use lower-case letters, digits, '.', '_' and '-' "
+                "(it names the experiment's folder in storage)"
+            )
+        return value
+
+
+def _describe(error: dict[str, Any], raw: dict[str, Any]) -> Violation:
+    loc = [str(p) for p in error["loc"]]
+    field = ".".join(loc) or "<root>"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        known = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else f"known keys here: {', '.join(known)}"
+        return Violation(field, "unknown key", fix)
+    if kind == "missing":
+        return Violation(field, "is required", "add it; every role-plan and topology field is explicit")
+    value = _value_at(raw, error["loc"])
+    return Violation(field, f"{error['msg']} (got {value!r})")
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Experiment
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        for inner in list(candidates):
+            candidates += list(getattr(inner, "__args__", ()))
+        found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _value_at(raw: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        try:
+            raw = raw[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return raw
+
+
+def parse_experiment(raw: Any, source: str) -> Experiment:
+    """Validate a parsed experiment mapping; raise PreflightError listing every structural problem."""
+    if not isinstance(raw, dict):
+        raise PreflightError(source, [Violation("<root>", "must be a mapping of the experiment's fields")])
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as exc:
+        violations = [_describe(e, raw) for e in exc.errors()]
+    raise PreflightError(source, violations + _arithmetic_of_parts(raw))
+
+
+def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:
+    """Role-plan arithmetic of the sections that did parse, so one run reports every problem."""
+    from rlbuild.roleplan import check_role_plan
+
+    try:
+        topology = Topology.model_validate(raw.get("topology"))
+        plan = RolePlan.model_validate(raw.get("role_plan"))
+        runtime = Runtime.model_validate(raw.get("runtime"))
+    except ValidationError:
+        return []
+    return check_role_plan(topology, plan, runtime)
+
+
+def load_experiment(path: Path) -> Experiment:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise PreflightError(
+            str(path), [Violation("experiment", "file not found", "create it or pick one in config/experiments/")]
+        ) from None
+    except yaml.YAMLError as exc:
+        raise PreflightError(str(path), [Violation("<file>", f"is not valid YAML: {exc}")]) from None
+    return parse_experiment(raw, str(path))
+
+
+def check_version(version: str) -> list[Violation]:
+    if VERSION_PATTERN.match(version):
+        return []
+    return [
+        Violation(
+            "version",
+            f"{version!r} is not a calendar version",
+            "use YYYY.MM.DD or YYYY.MM.DD.N for an immutable run (e.g. 2026.09.21), or 'dev' while iterating",
+        )
+    ]

@@ -1,0 +1,138 @@
+"""What the Snakefile needs from the library: the experiment, its checked plans, and storage locations.
+
+Kept free of heavy imports (no torch, no ray): it runs on every `snakemake` invocation, dry runs included.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlbuild.errors import PreflightError, RlbuildError, Violation
+from rlbuild.identity import MUTABLE_VERSION, check_drift
+from rlbuild.planview import format_plan
+from rlbuild.preflight import Plan, check_experiment, resolve
+from rlbuild.redact import redact_text
+from rlbuild.spec import Experiment, check_version, load_experiment
+from rlbuild.storage import join, read_json
+
+
+def fail(error: RlbuildError) -> None:
+    """Report a deterministic configuration error and stop Snakemake before it builds anything."""
+    print(redact_text(str(error)), file=sys.stderr)
+    raise SystemExit(2)
+
+
+def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
+    """Point Snakemake at the experiment root; return the storage root above it.
+
+    Local storage: the experiment root becomes the working directory (the Snakefile's `workdir:`).
+    A default storage provider (S3 under a profile): the experiment name is appended to the default storage
+    prefix, once; spawned jobs receive the scoped prefix and leave it alone.
+    """
+    settings = workflow.storage_settings
+    if not settings.default_storage_provider:
+        return str(local_root.resolve())
+    prefix = settings.default_storage_prefix.rstrip("/")
+    if prefix.endswith(f"/{experiment}"):
+        return prefix[: -len(experiment) - 1]
+    settings.default_storage_prefix = f"{prefix}/{experiment}"
+    return prefix
+
+
+@dataclass
+class Graph:
+    """One experiment's artifact graph as Snakemake sees it."""
+
+    experiment_file: Path
+    announce: bool
+    storage_root: str = ""
+    workflow: Any = None
+    experiment: Experiment = field(init=False)
+    _plans: dict[str, Plan] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.experiment = load_experiment(self.experiment_file)
+        _, violations = check_experiment(self.experiment)
+        if violations:
+            raise PreflightError(str(self.experiment_file), violations)
+
+    def bind_storage(self, workflow: Any, local_root: Path) -> None:
+        self.workflow = workflow
+        self.storage_root = scope_storage(workflow, local_root, self.experiment.name)
+
+    def terminal_stage(self, version: str) -> str:
+        """The last stage this invocation asks for, as the plan reports it."""
+        settings = getattr(self.workflow, "dag_settings", None)
+        targets = [str(t) for t in (settings.targets if settings else ())]
+        asked = [t.split("/")[0] for t in targets if f"/v{version}" in t]
+        for stage in ("eval", "export", "train", "launch", "stage", "base_model"):
+            if stage in asked:
+                return stage
+        return "eval" if not targets or "all" in targets else "export"
+
+    @property
+    def experiment_root(self) -> str:
+        return join(self.storage_root, self.experiment.name)
+
+    def plan(self, version: str) -> Plan:
+        """The checked plan of one version; stops on any violation or identity drift."""
+        if version not in self._plans:
+            problems: list[Violation] = check_version(version)
+            if problems:
+                raise PreflightError(str(self.experiment_file), problems)
+            plan = resolve(self.experiment, version, self.storage_root, source=str(self.experiment_file))
+            check_drift(
+                version, plan.records, lambda kind: read_json(join(plan.experiment_root, plan.paths.record(kind)))
+            )
+            self._plans[version] = plan
+            if self.announce:
+                print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)
+        return self._plans[version]
+
+    def checked(self, version: str) -> Plan:
+        """`plan`, with errors reported for a person and Snakemake stopped (input functions call this)."""
+        try:
+            return self.plan(version)
+        except RlbuildError as error:
+            fail(error)
+            raise  # unreachable: fail() exits
+
+    def marker(self, kind: str) -> Callable[[Any], list[str]]:
+        """Input function: checks the version's plan; for `dev`, depends on the artifact's current fingerprint."""
+
+        def inputs(wildcards: Any) -> list[str]:
+            plan = self.checked(wildcards.version)
+            if wildcards.version != MUTABLE_VERSION:
+                return []
+            return [f".fingerprints/{kind}/v{wildcards.version}/{plan.records[kind]['fingerprint']}"]
+
+        return inputs
+
+    def stage_model_inputs(self, wildcards: Any) -> dict[str, Any]:
+        plan = self.checked(wildcards.version)
+        inputs: dict[str, Any] = {"marker": self.marker("stage_model")(wildcards)}
+        if plan.uses_base_model:
+            inputs["base_model"] = plan.paths.base_model
+        return inputs
+
+    def gang_resources(self) -> dict[str, int | str]:
+        """Resources the Iris executor reads to run `train` as one gang of whole nodes."""
+        topology, iris = self.experiment.topology, self.experiment.execution.iris
+        resources: dict[str, int | str] = {
+            "gpu_nodes": topology.num_nodes,
+            "gpus_per_node": topology.gpus_per_node,
+            "gpu_variant": topology.gpu_variant,
+        }
+        if iris is not None:
+            resources |= {
+                "iris_cpu": int(iris.cpu),
+                "iris_memory": iris.memory,
+                "iris_disk": iris.disk,
+                "iris_priority": iris.priority,
+                "iris_max_retries": iris.max_retries,
+            }
+        return resources

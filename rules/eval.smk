@@ -1,0 +1,16 @@
+rule eval:
+    input:
+        GRAPH.marker("eval"),
+        launch="launch/v{version}/launch.yaml",
+        record="launch/v{version}/identity.json",
+        model="export/v{version}",
+        data="stage/data/v{version}",
+    output:
+        results=report("eval/v{version}/results.json", category="Eval", caption="../report/eval.rst"),
+        curves=report("eval/v{version}/curves.png", category="Eval", caption="../report/curves.rst"),
+        record="eval/v{version}/identity.json",
+    log:
+        "logs/eval/v{version}.log",
+    shell:
+        "rlbuild eval --launch {input.launch} --model {input.model} --data {input.data} "
+        "--out $(dirname {output.results}) 2> {log}"
