@@ -235,11 +235,12 @@ def _hf_snapshot(source: Source, repo_type: str) -> Path:
             ignore_patterns=list(HF_IGNORE_PATTERNS),
         )
     except LocalEntryNotFoundError as exc:
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
         raise StagingError(
             f"source {source} at {source.revision} is not in the Hugging Face cache "
-            f"({cache_dir or 'default HF cache'}) and HF_HUB_OFFLINE={'1' if offline else 'unset'}: "
-            f"unset HF_HUB_OFFLINE, or prefetch it with `hf download {source.hf_repo_id} --repo-type {repo_type} "
-            f"--revision {source.revision}` on a machine with access and point HF_HUB_CACHE at that cache."
+            f"({cache_dir or 'the default HF cache'}) and {why}. Prefetch it with `hf download "
+            f"{source.hf_repo_id} --repo-type {repo_type} --revision {source.revision}` on a machine with "
+            "access and point HF_HUB_CACHE at that cache" + (", or unset HF_HUB_OFFLINE." if offline else ".")
         ) from exc
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
         raise StagingError(
