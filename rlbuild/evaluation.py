@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlbuild.errors import RlbuildError
 from rlbuild.staging import filesystem, verify_staged
 
 RESULTS = "results.json"
@@ -24,7 +25,7 @@ CURVES = "curves.png"
 EXAMPLES = 8
 
 
-class EvalError(Exception):
+class EvalError(RlbuildError):
     """The eval stage cannot score the export: bad validation data or an incomplete score from the trainer."""
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from rlbuild.errors import RlbuildError
+
 # Relative `local:` paths are relative to the repository, not to the working directory: Snakemake
 # runs with the experiment root as its working directory.
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +29,7 @@ _TASK_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 GRAMMAR = "hf:<org>/<name>[/<path in repo>], local:<path>, artifact:<rule name>, task:<task>/<split>"
 
 
-class StagingError(Exception):
+class StagingError(RlbuildError):
     """Staging or materialising an input failed; the message says which input and what to do."""
 
 

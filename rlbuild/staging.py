@@ -415,7 +415,11 @@ def _data_rows(source: Source, artifact_dirs: Mapping[str, Path] | None) -> Iter
         from trainer.tasks import generate
 
         task, split = source.task
-        return (_check_row(row, f"task {task}/{split}") for row in generate(task, split, source.revision))
+        try:
+            rows = generate(task, split, source.revision)
+        except ValueError as exc:
+            raise SourceError(f"source {source} at revision {source.revision}: {exc}") from exc
+        return (_check_row(row, f"task {task}/{split}") for row in rows)
     path = _resolve(source, artifact_dirs, "dataset")
     if path.is_file():
         return _file_rows(path)

@@ -214,3 +214,10 @@ def test_stage_data_from_offline_hf_dataset(tmp_path: Path, monkeypatch: pytest.
     stage_data([parse_source("hf:acme/sums/data/train.parquet", SHA_A)], [], tmp_path / "out")
     rows = [json.loads(line) for line in (tmp_path / "out/train/0.jsonl").read_text().splitlines()]
     assert rows == _rows(3)
+
+
+def test_unknown_task_is_a_source_error(tmp_path: Path) -> None:
+    pytest.importorskip("trainer.tasks")
+    with pytest.raises(SourceError, match="task:subtraction/train"):
+        stage_data([parse_source("task:subtraction/train", "seed-0")], [], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
