@@ -21,8 +21,7 @@ from rlbuild.staging import filesystem, verify_staged
 RESULTS = "results.json"
 TABLE = "results.html"
 CURVES = "curves.png"
-# How many per-prompt entries results.json keeps: enough to eyeball what the policy answers.
-EXAMPLES = 8
+SCORES = ("accuracy", "pass_at_k")
 
 
 class EvalError(RlbuildError):
@@ -111,12 +110,12 @@ def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int) -> d
     return summary
 
 
-def _score(result: Mapping[str, Any], key: str, k: int) -> float:
-    value = result.get(key, result.get(f"pass@{k}") if key == "pass_at_k" else None)
-    if not isinstance(value, int | float):
+def _score(result: Mapping[str, Any], key: str) -> float:
+    value = result.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool):
         raise EvalError(
             f"trainer.evaluate.evaluate returned no numeric {key!r} (keys: {sorted(result)}); "
-            "it must return accuracy and pass_at_k"
+            f"it must return {' and '.join(SCORES)}"
         )
     return float(value)
 
@@ -159,7 +158,7 @@ def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, pa
 
 def _table_html(results: Mapping[str, Any]) -> str:
     rows = [
-        ("accuracy", f"{results['accuracy']:.4f}"),
+        ("accuracy (greedy)", f"{results['accuracy']:.4f}"),
         (f"pass@{results['k']}", f"{results['pass_at_k']:.4f}"),
         ("validation prompts", str(results["n"])),
         ("seed", str(results["seed"])),
@@ -206,23 +205,24 @@ def run_eval(
     `metrics_uri` is the training run's metrics.jsonl (local path or s3://); None or absent means no
     training curves (the plot says so). Returns the results document.
     """
-    if k < 1:
-        raise EvalError(f"k={k}: pass@k needs at least one sample per prompt; pass --k 1 or more")
+    if k < 2:
+        # The scorer reports greedy accuracy, and pass@k from k sampled answers only for k > 1.
+        raise EvalError(f"k={k}: pass@k needs k >= 2 sampled answers per prompt; pass --k 2 or more")
     rows = read_rows(validation_files)
     # The trainer (torch, transformers) is only needed once scoring starts.
     from trainer.evaluate import evaluate
 
     scored = evaluate(Path(model_dir), rows, k=k, seed=seed)
     records, unreadable = read_metrics(metrics_uri)
-    per_prompt = list(scored.get("per_prompt") or [])
     results: dict[str, Any] = {
-        "accuracy": _score(scored, "accuracy", k),
-        "pass_at_k": _score(scored, "pass_at_k", k),
+        "accuracy": _score(scored, "accuracy"),
+        "pass_at_k": _score(scored, "pass_at_k"),
         "k": k,
         "n": len(rows),
         "seed": seed,
         "validation_files": [Path(p).name for p in validation_files],
-        "samples": {"prompts": len(per_prompt), "examples": per_prompt[:EXAMPLES]},
+        # How the scores were sampled (temperature, greedy/sampled counts, ...), as the scorer reports it.
+        "samples": {key: value for key, value in scored.items() if key not in SCORES},
         "training": training_summary(records, unreadable),
     }
     out_dir = Path(out_dir)

@@ -36,38 +36,51 @@ def _validation(staged: Path, n: int = 5) -> Path:
 
 @pytest.fixture
 def scoring(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Calls to trainer.evaluate.evaluate, replaced by a stand-in until the trainer's scorer is committed."""
+    """Calls to the stand-in for trainer.evaluate.evaluate; empty when the trainer's own scorer is used."""
     calls: list[dict[str, Any]] = []
     try:
-        import trainer.evaluate  # noqa: F401
+        import trainer.evaluate
 
         return calls
     except ImportError:
         pass
 
-    def evaluate(model_dir: Path, rows: list[dict[str, Any]], *, k: int, seed: int) -> dict[str, Any]:
+    def evaluate(model_dir: Path, rows: list[dict[str, Any]], k: int = 1, *, seed: int = 0) -> dict[str, Any]:
         calls.append({"model_dir": model_dir, "n": len(rows), "k": k, "seed": seed})
-        per_prompt = [{"prompt": r["prompt"], "answer": r["answer"], "correct": i % 2} for i, r in enumerate(rows)]
-        return {"accuracy": 0.4, "pass_at_k": 0.6, "per_prompt": per_prompt}
+        return {"n": len(rows), "accuracy": 0.4, "k": k, "pass_at_k": 0.6, "temperature": 1.0}
 
     module = types.ModuleType("trainer.evaluate")
     module.evaluate = evaluate  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "trainer.evaluate", module)
-    monkeypatch.setattr(sys.modules["trainer"], "evaluate", module, raising=False)
+    import trainer
+
+    monkeypatch.setattr(trainer, "evaluate", module, raising=False)
     return calls
 
 
-def test_run_eval_writes_results_table_and_png(tmp_path: Path, scoring: list[dict[str, Any]]) -> None:
-    model = tmp_path / "export"
-    model.mkdir()
+@pytest.fixture
+def model(tmp_path: Path, scoring: list[dict[str, Any]]) -> Path:
+    """The export to score: the tiny base model when the real scorer runs, an empty folder for the stand-in."""
+    path = tmp_path / "export"
+    try:
+        import trainer.evaluate  # noqa: F401
+    except ImportError:
+        path.mkdir()
+        return path
+    from trainer.tiny import build_base_model
+
+    build_base_model(path, seed=0, warm_start_steps=0)
+    return path
+
+
+def test_run_eval_writes_results_table_and_png(tmp_path: Path, model: Path, scoring: list[dict[str, Any]]) -> None:
     metrics = _metrics(tmp_path / "metrics.jsonl")
     results = run_eval(model, [_validation(tmp_path / "data")], str(metrics), tmp_path / "eval", k=2, seed=7)
 
     out = tmp_path / "eval"
     assert json.loads((out / "results.json").read_text()) == results
     assert results["k"] == 2 and results["n"] == 5 and results["seed"] == 7
-    assert 0.0 <= results["accuracy"] <= results["pass_at_k"] <= 1.0
-    assert results["samples"]["prompts"] == 5
+    assert 0.0 <= results["accuracy"] <= 1.0 and 0.0 <= results["pass_at_k"] <= 1.0
     training = results["training"]
     assert training["unreadable_lines"] == 1 and training["last_step"] == 10
     assert training["reward_mean"] == {"first": 0.1, "last": 1.0, "max": 1.0}
@@ -81,6 +94,7 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, scoring: list[dic
     assert not list(out.glob(".*tmp*"))
     if scoring:
         assert scoring == [{"model_dir": model, "n": 5, "k": 2, "seed": 7}]
+        assert results["samples"] == {"n": 5, "k": 2, "temperature": 1.0}
 
 
 def test_plot_without_metrics(tmp_path: Path) -> None:
@@ -103,5 +117,7 @@ def test_validation_data_is_verified_and_checked(tmp_path: Path, scoring: list[d
     write_manifest(tmp_path / "data")  # staged like that: the row itself is refused
     with pytest.raises(EvalError, match=r"0\.jsonl:1: a validation row needs prompt and answer"):
         run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
+    with pytest.raises(EvalError, match="k >= 2"):
+        run_eval(tmp_path, [path], None, tmp_path / "eval", k=1, seed=0)
     with pytest.raises(EvalError, match="no validation rows"):
         run_eval(tmp_path, [], None, tmp_path / "eval", seed=0)

@@ -32,6 +32,7 @@ def staged(tmp_path: Path) -> Path:
     stage_data([parse_source(f"local:{data}", "v1")], [parse_source(f"local:{data}", "v1")], root / "stage/data/v1")
     for d in ("stage/model/v1", "stage/data/v1"):
         (root / d / "identity.json").write_text("{}")
+        (root / d / ".snakemake_timestamp").write_text("")  # Snakemake's marker in directory outputs
     return root
 
 
@@ -55,6 +56,16 @@ def test_materialise_local_and_reuse(staged: Path, tmp_path: Path) -> None:
     local.write_text("tampered on the node\n")
     with pytest.raises(ManifestMismatchError, match=r"(?s)cached copy .*train/0\.jsonl: size.*never replaced silently"):
         materialise(str(staged / "stage/data/v1/train/0.jsonl"), cache)
+
+
+def test_concurrent_materialise_shares_one_verified_copy(staged: Path, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    uri = str(staged / "stage/model/v1")
+    with ThreadPoolExecutor(4) as pool:
+        copies = list(pool.map(lambda _: materialise(uri, tmp_path / "cache"), range(4)))
+    assert len(set(copies)) == 1
+    assert [p.name for p in copies[0].parent.iterdir()] == ["v1"]  # no partial copies left behind
 
 
 def test_materialise_needs_a_staged_directory(tmp_path: Path) -> None:
