@@ -1,0 +1,47 @@
+"""`python -m trainer {run, export, base-model, make-data, eval}`; errors exit non-zero with a message."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainer import evaluate, export, tasks, tiny
+
+
+def _run(args: argparse.Namespace) -> int:
+    from trainer import loop
+    from trainer.config import Launch
+
+    manifest = loop.run(Launch.load(args.launch), args.terminal, args.allow_retrain)
+    print(json.dumps(manifest, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="rlbuild's GRPO trainer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train from a launch document")
+    run.add_argument("--launch", required=True, type=Path)
+    run.add_argument("--terminal", help="where terminal.json goes (default: artifacts.terminal_manifest_uri)")
+    run.add_argument(
+        "--allow-retrain",
+        action="store_true",
+        help="retrain an immutable version whose terminal manifest is missing, from step 0",
+    )
+    run.set_defaults(func=_run)
+    export.add_cli(sub)
+    tiny.add_cli(sub)
+    tasks.add_cli(sub)
+    evaluate.add_cli(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Per-step metrics: `metrics.jsonl` beside the checkpoints, a console line, and W&B when configured.
+
+The file is rewritten whole each step (S3 has no append); on resume, lines after the resumed step are dropped
+so the file always describes one consistent run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from trainer import storage
+
+CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "kl", "entropy", "grad_norm", "step_time_s")
+
+
+class MetricsWriter:
+    def __init__(
+        self, uri: str, resume_step: int, logger: str, project: str, run_id: str, config: dict[str, Any]
+    ) -> None:
+        self.uri = uri
+        self.lines: list[str] = []
+        existing = storage.read_text(uri) or ""
+        for line in existing.splitlines():
+            if line.strip() and json.loads(line).get("step", 0) <= resume_step:
+                self.lines.append(line)
+        self.wandb = None
+        if logger == "wandb":
+            try:
+                import wandb
+            except ImportError as exc:
+                raise RuntimeError(
+                    "trainer.logger=wandb but the wandb package is not installed; install it (WANDB_MODE=offline "
+                    "works without an account) or set trainer.logger: console"
+                ) from exc
+            self.wandb = wandb.init(project=project, name=run_id, id=run_id, resume="allow", config=config)
+
+    def log(self, step: int, values: dict[str, Any], max_steps: int) -> None:
+        record = {"step": step, **{k: _plain(v) for k, v in values.items()}}
+        self.lines.append(json.dumps(record))
+        storage.write_text(self.uri, "\n".join(self.lines) + "\n")
+        shown = " ".join(f"{k}={record[k]:.4g}" for k in CONSOLE_KEYS if isinstance(record.get(k), float | int))
+        print(f"[trainer] step {step}/{max_steps} {shown}", file=sys.stderr, flush=True)
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.lines]
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _plain(value: Any) -> Any:
+    return round(value, 6) if isinstance(value, float) else value

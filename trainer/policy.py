@@ -1,0 +1,301 @@
+"""The policy worker: one data-parallel rank of the policy (and its frozen reference), run as a Ray actor.
+
+Ranks form a torch.distributed group (gloo on CPU, NCCL on GPU). On CPU the model is wrapped in DDP; on GPU
+with strategy fsdp2 every decoder layer and the root are `fully_shard`ed. Full (unsharded) state dicts are
+gathered with torch.distributed.checkpoint's state_dict API, so checkpoints do not depend on the world size.
+
+A training batch arrives already sharded by the driver: for each optimizer mini-batch, this rank holds a
+contiguous slice, with per-token loss weights that normalise over the *whole* mini-batch (see trainer/grpo.py),
+so the gradient is the same whatever the micro-batch size or number of ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from trainer import grpo, storage
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def forward_logprobs(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Completion-token logprobs [b, C] (and entropies) of [left-padded prompt | right-padded completion]."""
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    completion_width = batch["completion_mask"].shape[1]
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    logits = logits[:, -completion_width - 1 : -1]
+    logp = grpo.token_logprobs(logits, ids[:, -completion_width:], temperature)
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    return logp, grpo.entropy_from_logits(scaled) if with_entropy else None
+
+
+class PolicyWorker:
+    def __init__(
+        self, rank: int, world_size: int, recipe: dict[str, Any], model_uri: str, cache_dir: str, num_threads: int
+    ) -> None:
+        torch.set_num_threads(num_threads)
+        self.rank, self.world_size = rank, world_size
+        self.recipe = recipe
+        # Each rank materialises on its own node; on one node the verified cache is shared.
+        self.model_dir = storage.materialise(model_uri, Path(cache_dir))
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        self.device = self.device or torch.device("cpu")
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group (called on rank 0 only)."""
+        return node_ip(), free_port()
+
+    def node(self) -> str:
+        return node_ip()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
+        if master_addr == "127.0.0.1":
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend, rank=self.rank, world_size=self.world_size, timeout=datetime.timedelta(minutes=10)
+        )
+        trainer = self.recipe["trainer"]
+        torch.manual_seed(int(trainer["seed"]))
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
+        algorithm = trainer["algorithm"]
+        self.ref = None
+        if algorithm["use_kl_loss"]:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.fsdp = trainer["strategy"] == "fsdp2" and self.device.type == "cuda"
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model.model.layers:
+                fully_shard(layer)
+            self.model = fully_shard(model)
+            if self.ref is not None:
+                for layer in self.ref.model.layers:
+                    fully_shard(layer)
+                fully_shard(self.ref)
+        else:
+            self.model = torch.nn.parallel.DistributedDataParallel(model)
+        self.module = model
+        opt = trainer["policy"]["optimizer_config"]
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=float(opt["lr"]),
+            betas=tuple(opt["adam_betas"]),
+            weight_decay=float(opt["weight_decay"]),
+        )
+        warmup = int(opt["num_warmup_steps"])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+        )
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, shard: dict[str, torch.Tensor], minis: int, micro: int) -> dict[str, float]:
+        """One global step on this rank's shard: `minis` optimizer steps (x update epochs) of micro-batches."""
+        algorithm = self.recipe["trainer"]["algorithm"]
+        temperature = float(self.recipe["generator"]["sampling_params"]["temperature"])
+        shard = {k: v.to(self.device) for k, v in shard.items()}
+        rows = shard["input_ids"].shape[0]
+        per_mini = rows // minis
+        mask = shard["completion_mask"]
+        chunks = [slice(i, i + micro) for i in range(0, rows, micro)]
+        with torch.no_grad():
+            self.model.eval()
+            old = torch.cat([forward_logprobs(self.model, _take(shard, s), temperature, False)[0] for s in chunks])
+            ref = None
+            if self.ref is not None:
+                ref = torch.cat([forward_logprobs(self.ref, _take(shard, s), temperature, False)[0] for s in chunks])
+        tis = None
+        if algorithm["use_tis"]:
+            tis = grpo.tis_weights(old, shard["rollout_logprobs"], float(algorithm["tis_imp_ratio_cap"]))
+        sums = {name: torch.zeros((), device=self.device) for name in _SUMMED}
+        sums["tokens"] = mask.sum()
+        diff = (old - shard["rollout_logprobs"]) * mask
+        sums["log_ratio_rollout"] = diff.sum()
+        sums["abs_log_ratio_rollout"] = diff.abs().sum()
+        grad_norms = []
+        self.model.train()
+        for _ in range(int(self.recipe["trainer"]["update_epochs_per_batch"])):
+            for m in range(minis):
+                self.optimizer.zero_grad(set_to_none=True)
+                starts = range(m * per_mini, (m + 1) * per_mini, micro)
+                for n, start in enumerate(starts):
+                    part = slice(start, min(start + micro, (m + 1) * per_mini))
+                    batch = _take(shard, part)
+                    last = n == len(starts) - 1
+                    loss = self._micro_loss(batch, old[part], None if ref is None else ref[part], tis, part, sums)
+                    # DDP averages gradients over ranks; the weights already normalise over the whole
+                    # mini-batch, so scale by the world size to get the sum. Sync only on the last micro-batch.
+                    if self.fsdp or last:
+                        (loss * self.world_size).backward()
+                    else:
+                        with self.model.no_sync():
+                            (loss * self.world_size).backward()
+                norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(),
+                    float(self.recipe["trainer"]["policy"]["optimizer_config"]["max_grad_norm"]),
+                )
+                grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+                self.optimizer.step()
+                self.scheduler.step()
+        packed = torch.stack([sums[k] for k in _ALL_SUMS])
+        dist.all_reduce(packed)
+        totals = dict(zip(_ALL_SUMS, packed.tolist(), strict=True))
+        tokens = max(totals["tokens"], 1.0)
+        optimizer_steps = len(grad_norms)
+        return {
+            "pg_loss": totals["pg_loss"] / optimizer_steps,
+            "kl": totals["kl_tokens"] / (tokens * int(self.recipe["trainer"]["update_epochs_per_batch"])),
+            "entropy": totals["entropy_tokens"] / (tokens * int(self.recipe["trainer"]["update_epochs_per_batch"])),
+            "clip_frac": totals["clipped_tokens"] / (tokens * int(self.recipe["trainer"]["update_epochs_per_batch"])),
+            "log_ratio_rollout": totals["log_ratio_rollout"] / tokens,
+            "abs_log_ratio_rollout": totals["abs_log_ratio_rollout"] / tokens,
+            "grad_norm": sum(grad_norms) / optimizer_steps,
+            "lr": self.scheduler.get_last_lr()[0],
+            "train_tokens": totals["tokens"] * optimizer_steps / minis,
+        }
+
+    def _micro_loss(
+        self,
+        batch: dict[str, torch.Tensor],
+        old: torch.Tensor,
+        ref: torch.Tensor | None,
+        tis: torch.Tensor | None,
+        part: slice,
+        sums: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        algorithm = self.recipe["trainer"]["algorithm"]
+        temperature = float(self.recipe["generator"]["sampling_params"]["temperature"])
+        logp, entropy = forward_logprobs(self.model, batch, temperature, True)
+        assert entropy is not None
+        mask, weights, seq_weights = batch["completion_mask"], batch["loss_weights"], batch["seq_weights"]
+        advantages = batch["advantages"][:, None].expand_as(logp)
+        per_token, clipped = grpo.policy_loss(
+            logp,
+            old,
+            advantages,
+            eps_clip_low=float(algorithm["eps_clip_low"]),
+            eps_clip_high=float(algorithm["eps_clip_high"]),
+            loss_type=algorithm["policy_loss_type"],
+            clip_ratio_c=float(algorithm["clip_ratio_c"]),
+            tis_weights=None if tis is None else tis[part],
+        )
+        pg_loss = (per_token * weights).sum()
+        loss = pg_loss
+        sums["pg_loss"] += pg_loss.detach()
+        if ref is not None:
+            kl = grpo.kl_k3(logp, ref)
+            # KL stays a per-sequence token mean averaged over the mini-batch (seq_weights), as SkyRL keeps it.
+            loss = loss + float(algorithm["kl_loss_coef"]) * (kl * seq_weights).sum()
+            sums["kl_tokens"] += (kl.detach() * mask).sum()
+        if algorithm["use_entropy_loss"]:
+            loss = loss - float(algorithm["entropy_loss_coef"]) * (entropy * seq_weights).sum()
+        sums["entropy_tokens"] += (entropy.detach() * mask).sum()
+        sums["clipped_tokens"] += (clipped * mask).sum()
+        return loss
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full policy weights on rank 0 (HF names, CPU); None elsewhere. Every rank must call this."""
+        state = get_model_state_dict(self.model, options=FULL)
+        return {k: v.detach().clone() for k, v in state.items()} if self.rank == 0 else None
+
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        """Temperature-1 logprobs of token_ids[start:], for the weight-sync check. Every rank must call this."""
+        ids = torch.tensor([token_ids], device=self.device)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": ids[:, start:]}
+        self.model.eval()
+        with torch.no_grad():
+            logp, _ = forward_logprobs(self.model, batch, 1.0, False)
+        return logp[0].cpu().tolist()
+
+    def save_checkpoint(self, step_uri: str) -> None:
+        """Write policy/ (a complete HF folder) and optimizer.pt under `step_uri` (rank 0 writes)."""
+        model_state = get_model_state_dict(self.model, options=FULL)
+        optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
+        if self.rank != 0:
+            return
+        with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+            self._write_checkpoint(Path(tmp), model_state, optim_state)
+            storage.put_dir(Path(tmp), step_uri)
+
+    def _write_checkpoint(self, out: Path, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
+        (out / "policy").mkdir(parents=True, exist_ok=True)
+        config = self.module.config
+        if config.tie_word_embeddings:
+            # A tied head shares the embedding's storage; safetensors refuses shared tensors, HF re-ties on load.
+            model_state = {k: v for k, v in model_state.items() if k != "lm_head.weight"}
+        save_file(
+            {k: v.contiguous() for k, v in model_state.items()},
+            out / "policy" / "model.safetensors",
+            metadata={"format": "pt"},
+        )
+        config.save_pretrained(out / "policy")
+        for path in self.model_dir.iterdir():
+            if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges")):
+                shutil.copy2(path, out / "policy" / path.name)
+        torch.save({"optimizer": optim_state, "scheduler": self.scheduler.state_dict()}, out / "optimizer.pt")
+
+    def load_checkpoint(self, step_uri: str) -> None:
+        """Load policy weights and optimizer state from a checkpoint (every rank reads it)."""
+        with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+            self._read_checkpoint(storage.get_dir(step_uri, Path(tmp)))
+
+    def _read_checkpoint(self, folder: Path) -> None:
+        state = load_file(folder / "policy" / "model.safetensors")
+        if AutoConfig.from_pretrained(folder / "policy").tie_word_embeddings:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        saved = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
+        set_optimizer_state_dict(
+            self.model, self.optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True)
+        )
+        self.scheduler.load_state_dict(saved["scheduler"])
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_SUMMED = ("pg_loss", "kl_tokens", "entropy_tokens", "clipped_tokens")
+_ALL_SUMS = (*_SUMMED, "tokens", "log_ratio_rollout", "abs_log_ratio_rollout")
+
+
+def _take(batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+    return {k: v[rows] for k, v in batch.items()}

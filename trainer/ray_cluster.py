@@ -1,0 +1,143 @@
+"""Ray: connect to the gang's cluster (or start a local one) and place the roles from the role plan.
+
+Placement follows SkyRL: one placement-group bundle per policy rank ("GPU" slice). With `colocate_all` the
+policy ranks, their reference models (which live inside the policy workers) and the inference engines share
+those bundles, each taking half of a slice; otherwise the engines get bundles of their own. On a machine
+without GPUs a bundle is one CPU, so the role-plan arithmetic is exercised exactly as on a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from trainer.engines import make_engine
+from trainer.policy import PolicyWorker
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PLACEMENT_TIMEOUT_S = 180
+COLOCATED_SHARE = 0.5
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot hold the role plan."""
+
+
+def connect(address: str | None, num_bundles: int) -> bool:
+    """Join `address` (or RAY_ADDRESS); else start a local Ray. Returns True when this process started it."""
+    env = {
+        "env_vars": {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+        }
+    }
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        return False
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, num_bundles),
+        include_dashboard=False,
+        runtime_env=env,
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    return True
+
+
+class EngineActor:
+    """An inference engine in its own Ray actor (the engine objects are plain classes; see trainer/engines.py)."""
+
+    def __init__(
+        self, backend: str, model_uri: str, cache_dir: str, generator: dict[str, Any], seed: int, num_threads: int
+    ) -> None:
+        from trainer import storage
+
+        model_dir = storage.materialise(model_uri, Path(cache_dir))
+        self.engine = make_engine(backend, model_dir, generator, seed, num_threads)
+
+    def generate(self, prompts: list[list[int]], params: Any, seed: int) -> list[Any]:
+        return self.engine.generate(prompts, params, seed)
+
+    def load_weights(self, named_tensors: dict[str, Any]) -> None:
+        self.engine.load_weights(named_tensors)
+
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        return self.engine.sequence_logprobs(token_ids, start)
+
+
+@dataclass
+class Roles:
+    policy: list[Any]
+    engines: list[Any]
+    group: PlacementGroup
+
+    def shutdown(self) -> None:
+        for actor in [*self.policy, *self.engines]:
+            ray.kill(actor)
+        remove_placement_group(self.group)
+
+
+def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend: str) -> Roles:
+    trainer, generator = recipe["trainer"], recipe["generator"]
+    placement = trainer["placement"]
+    world = int(placement["policy_num_nodes"]) * int(placement["policy_num_gpus_per_node"])
+    engine_slots = (
+        int(generator["inference_engine_tensor_parallel_size"])
+        * int(generator["inference_engine_pipeline_parallel_size"])
+        * int(generator["inference_engine_data_parallel_size"])
+    )
+    num_engines = int(generator["num_inference_engines"])
+    colocated = bool(placement["colocate_all"])
+    if colocated and num_engines * engine_slots != world:
+        raise PlacementError(
+            f"colocate_all needs policy GPUs ({world}) == engines x tp x pp x dp ({num_engines * engine_slots}); "
+            "fix the role plan"
+        )
+    gpu = ray.cluster_resources().get("GPU", 0) > 0
+    bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
+    bundles = world if colocated else world + num_engines * engine_slots
+    strategy = "STRICT_PACK" if int(placement["policy_num_nodes"]) == 1 and colocated else "PACK"
+    group = placement_group([dict(bundle) for _ in range(bundles)], strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        remove_placement_group(group)
+        raise PlacementError(
+            f"placement group of {bundles} x {bundle} was not ready within {PLACEMENT_TIMEOUT_S}s; the cluster has "
+            f"{ray.cluster_resources()}. Fix the role plan or the allocation."
+        )
+    share = COLOCATED_SHARE if colocated else 1.0
+    threads = int(trainer["num_threads"])
+
+    def options(index: int, fraction: float) -> dict[str, Any]:
+        resources = {"num_gpus": fraction, "num_cpus": 0} if gpu else {"num_cpus": fraction}
+        strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+        return {**resources, "scheduling_strategy": strategy}
+
+    policy_cls = ray.remote(PolicyWorker)
+    policy = [
+        policy_cls.options(**options(rank, share)).remote(rank, world, recipe, model_uri, cache_dir, threads)
+        for rank in range(world)
+    ]
+    engine_cls = ray.remote(EngineActor)
+    first_engine_bundle = 0 if colocated else world
+    engines = [
+        engine_cls.options(**options(first_engine_bundle + i * engine_slots, share)).remote(
+            backend, model_uri, cache_dir, generator, int(trainer["seed"]), threads
+        )
+        for i in range(num_engines)
+    ]
+    nodes = ray.get([w.node.remote() for w in policy])
+    master_addr, port = ray.get(policy[0].address.remote())
+    # All ranks on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
+    master_addr = "127.0.0.1" if len(set(nodes)) == 1 else master_addr
+    ray.get([w.setup.remote(master_addr, port) for w in policy])
+    return Roles(policy, engines, group)

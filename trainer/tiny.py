@@ -1,0 +1,137 @@
+"""The embedded default policy: a tiny untied Qwen2-style model and a character tokenizer, built in code.
+
+Nothing is downloaded. Exact-match tasks give almost no reward from a random init, so the model is warm-started
+for a few seconds with supervised steps on *random, wrong* answers: it learns only the answer format
+("1-3 characters, then <eos>"), while its greedy accuracy stays at chance. GRPO has to learn the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import string
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+
+from trainer.tasks import REVERSAL_ALPHABET, REVERSAL_LENGTH
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = string.digits + string.ascii_lowercase + string.ascii_uppercase + " +-=*/:?.,!'()"
+HIDDEN_SIZE = 128
+NUM_LAYERS = 2
+WARM_START_STEPS = 150
+WARM_START_BATCH = 64
+WARM_START_LR = 3e-3
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character; every encoding starts with <bos>; decoding round-trips text exactly."""
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+        model_max_length=64,
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> torch.nn.Module:
+    # Untied embeddings: vLLM's CPU backend keeps a stale lm_head after a weight reload when they are tied.
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=4 * HIDDEN_SIZE,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _format_example(rng: random.Random) -> tuple[str, str]:
+    """A prompt of a built-in task with a random answer of the right shape (not the right value)."""
+    if rng.random() < 0.5:
+        return f"{rng.randrange(10)}+{rng.randrange(10)}=", str(rng.randrange(19))
+    word = "".join(rng.choice(REVERSAL_ALPHABET) for _ in range(REVERSAL_LENGTH))
+    return f"rev {word}:", "".join(rng.choice(REVERSAL_ALPHABET) for _ in range(REVERSAL_LENGTH))
+
+
+def warm_start(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int, steps: int) -> float:
+    """Supervised steps on random answers (loss on the answer and <eos> only); returns the last loss."""
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START_LR)
+    model.train()
+    last = 0.0
+    for _ in range(steps):
+        ids, labels = [], []
+        for _ in range(WARM_START_BATCH):
+            prompt, answer = _format_example(rng)
+            p = tokenizer(prompt)["input_ids"]
+            a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            ids.append(p + a)
+            labels.append([-100] * len(p) + a)
+        width = max(map(len, ids))
+        # Right padding is fine here: no generation, and padded positions are masked out of the loss.
+        input_ids = torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in ids])
+        label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
+        attention = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        last = loss.item()
+    model.eval()
+    return last
+
+
+def build_base_model(out_dir: Path, seed: int, warm_start_steps: int = WARM_START_STEPS) -> dict[str, Any]:
+    """Build, warm-start and save the tiny model + tokenizer as an HF folder; deterministic for `seed`."""
+    started = time.perf_counter()
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed)
+    loss = warm_start(model, tokenizer, seed, warm_start_steps)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return {
+        "architecture": "Qwen2ForCausalLM",
+        "hidden_size": HIDDEN_SIZE,
+        "num_layers": NUM_LAYERS,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "seed": seed,
+        "warm_start_steps": warm_start_steps,
+        "warm_start_final_loss": round(loss, 4),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("base-model", help="build the tiny warm-started base model as an HF folder")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+
+    def run(args: argparse.Namespace) -> int:
+        print(build_base_model(args.out, args.seed))
+        return 0
+
+    parser.set_defaults(func=run)
