@@ -1,16 +1,17 @@
 # rlbuild: every artifact of an RL experiment is a file target; the whole plan is checked before any job runs.
 # Logic lives in the `rlbuild` library and `trainer`; rules are inputs, outputs, resources and one call.
+import sys
 from pathlib import Path
 
 from rlbuild.errors import RlbuildError
-from rlbuild.workflow import Graph, fail
+from rlbuild.workflow import Graph, experiment_file, fail
 
 
-configfile: "config/config.yaml"
+configfile: str(Path(workflow.basedir) / "config" / "config.yaml")
 
 
 REPO = Path(workflow.basedir)
-EXPERIMENT_FILE = REPO / "config" / "experiments" / f"{config['experiment']}.yaml"
+EXPERIMENT_FILE = experiment_file(REPO, str(config["experiment"]))
 
 try:
     GRAPH = Graph(experiment_file=EXPERIMENT_FILE, announce=workflow.is_main_process)
@@ -19,6 +20,8 @@ except RlbuildError as error:
     fail(error)
 
 EXP = GRAPH.experiment
+# The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too.
+RLBUILD = f"{sys.executable} -m rlbuild"
 ARGS = f"--experiment {EXPERIMENT_FILE} --storage-root {GRAPH.storage_root}"
 
 if not workflow.storage_settings.default_storage_provider:

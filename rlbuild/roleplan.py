@@ -166,7 +166,8 @@ def _total_violation(topology: Topology, plan: RolePlan, g: Geometry) -> Violati
     if not plan.colocate_all:
         spare = g.allocated_gpus - g.policy_gpus - g.reference_gpus
         per_dp = plan.num_inference_engines * tp * pp
-        if spare > 0 and spare % per_dp == 0 and spare // per_dp != dp:
+        fits = spare % per_dp == 0 and tp * pp * (spare // per_dp) <= topology.gpus_per_node
+        if spare > 0 and fits and spare // per_dp != dp:
             want = spare // per_dp
             message = f"rollout DP={dp} describes {g.planned_gpus} of {g.allocated_gpus} GPUs"
             fixes.append(f"inference_engine_data_parallel_size={want} would consume them")
@@ -219,7 +220,7 @@ def _check_batches(plan: RolePlan, g: Geometry, runtime: Runtime) -> list[Violat
                 f"make policy_mini_batch_size * n_samples_per_prompt a multiple of {world}",
             )
         )
-    elif world and ((mini * n) // world) % micro:
+    elif world and not mini % micro and ((mini * n) // world) % micro:
         per_rank = (mini * n) // world
         out.append(
             Violation(

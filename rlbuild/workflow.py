@@ -5,6 +5,7 @@ Kept free of heavy imports (no torch, no ray): it runs on every `snakemake` invo
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,11 +37,39 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
     settings = workflow.storage_settings
     if not settings.default_storage_provider:
         return str(local_root.resolve())
+    _export_s3_settings(workflow)
     prefix = settings.default_storage_prefix.rstrip("/")
     if prefix.endswith(f"/{experiment}"):
         return prefix[: -len(experiment) - 1]
     settings.default_storage_prefix = f"{prefix}/{experiment}"
     return prefix
+
+
+S3_SETTINGS_ENV = {
+    "endpoint_url": "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL",
+    "region": "SNAKEMAKE_STORAGE_S3_REGION",
+    "access_key": "SNAKEMAKE_STORAGE_S3_ACCESS_KEY",
+    "secret_key": "SNAKEMAKE_STORAGE_S3_SECRET_KEY",
+    "token": "SNAKEMAKE_STORAGE_S3_TOKEN",
+}
+
+
+def _export_s3_settings(workflow: Any) -> None:
+    """Let rlbuild's own storage reads (identity records at DAG time) reach the store Snakemake uses,
+    also when the S3 settings came from a profile rather than the environment."""
+    tagged = (workflow.storage_provider_settings or {}).get("s3")
+    settings = tagged.get_settings() if tagged is not None else None
+    for name, variable in S3_SETTINGS_ENV.items():
+        value = getattr(settings, name, None)
+        if value and not os.environ.get(variable):
+            os.environ[variable] = str(value)
+
+
+def experiment_file(repo: Path, selector: str) -> Path:
+    """`experiment: <name>` selects config/experiments/<name>.yaml; a path to a .yaml file is used as given."""
+    if selector.endswith((".yaml", ".yml")):
+        return Path(selector).resolve()
+    return repo / "config" / "experiments" / f"{selector}.yaml"
 
 
 @dataclass

@@ -12,5 +12,5 @@ rule eval:
     log:
         "logs/eval/v{version}.log",
     shell:
-        "rlbuild eval --launch {input.launch} --model {input.model} --data {input.data} "
+        "{RLBUILD} eval --launch {input.launch} --model {input.model} --data {input.data} "
         "--out $(dirname {output.results}) 2> {log}"

@@ -10,4 +10,4 @@ rule export:
     log:
         "logs/export/v{version}.log",
     shell:
-        "rlbuild export --launch {input.launch} --terminal {input.terminal} --out {output} 2> {log}"
+        "{RLBUILD} export --launch {input.launch} --terminal {input.terminal} --out {output} 2> {log}"

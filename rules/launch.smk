@@ -9,5 +9,5 @@ rule resolve_launch:
         record="launch/v{version}/identity.json",
         plan=report("launch/v{version}/plan.txt", category="Plan", caption="../report/plan.rst"),
     shell:
-        "rlbuild resolve-launch {ARGS} --version {wildcards.version} "
+        "{RLBUILD} resolve-launch {ARGS} --version {wildcards.version} "
         "--out {output.launch} --record {output.record} --plan {output.plan}"

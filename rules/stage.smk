@@ -7,7 +7,7 @@ rule base_model:
     log:
         "logs/base_model/v{version}.log",
     shell:
-        "rlbuild base-model {ARGS} --version {wildcards.version} --out {output} 2> {log}"
+        "{RLBUILD} base-model {ARGS} --version {wildcards.version} --out {output} 2> {log}"
 
 
 rule stage_model:
@@ -20,7 +20,7 @@ rule stage_model:
     params:
         base_model=lambda wildcards, input: f"--base-model {input.base_model}" if "base_model" in input.keys() else "",
     shell:
-        "rlbuild stage-model {ARGS} --version {wildcards.version} {params.base_model} --out {output} 2> {log}"
+        "{RLBUILD} stage-model {ARGS} --version {wildcards.version} {params.base_model} --out {output} 2> {log}"
 
 
 rule stage_data:
@@ -31,4 +31,4 @@ rule stage_data:
     log:
         "logs/stage_data/v{version}.log",
     shell:
-        "rlbuild stage-data {ARGS} --version {wildcards.version} --out {output} 2> {log}"
+        "{RLBUILD} stage-data {ARGS} --version {wildcards.version} --out {output} 2> {log}"

@@ -16,5 +16,5 @@ rule train:
     params:
         retrain="--allow-retrain" if config.get("allow_retrain") else "",
     shell:
-        "rlbuild train --launch {input.launch} --terminal {output.terminal} --record {output.record} "
+        "{RLBUILD} train --launch {input.launch} --terminal {output.terminal} --record {output.record} "
         "{params.retrain} 2>&1 | tee {log}"

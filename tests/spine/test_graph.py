@@ -1,0 +1,144 @@
+"""The Snakemake graph: dry runs print the checked plan; errors stop before any job; identity drift is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import EXPERIMENTS, S3Server, run_snakemake
+
+VERSION = "2026.09.21"
+STAGES = ["base_model", "stage_model", "stage_data", "resolve_launch", "train", "export"]
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """Snakemake's own job table ("job  count" rows) from a dry run."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("job ") and "count" in line)
+    counts: dict[str, int] = {}
+    for line in lines[start + 2 :]:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def cheap_experiment(tmp_path: Path, **recipe: object) -> Path:
+    """The default experiment, but staged from a small local model folder so real runs take seconds."""
+    model = tmp_path / "model-src"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
+    (model / "model.safetensors").write_bytes(b"not really weights")
+    (model / "tokenizer.json").write_text("{}")
+    doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    doc["model"] = {
+        "source": f"local:{model}",
+        "revision": "r1",
+        "tokenizer": {"source": f"local:{model}", "revision": "r1"},
+    }
+    doc["recipe"] = {"trainer": dict(recipe)} if recipe else {}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_dry_run_prints_the_plan_and_the_whole_graph(tmp_path: Path) -> None:
+    storage = tmp_path / "results"
+    result = run_snakemake(["-n", f"export/v{VERSION}", "--config", f"storage_root={storage}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert f"rlbuild plan: tiny-addition @ {VERSION} (immutable)" in output
+    assert "role geometry  colocated: policy 1x1 = 1 GPUs" in output
+    assert "terminal stage export" in output
+    assert job_counts(output) == {**dict.fromkeys(STAGES, 1), "total": 6}
+    written = [p for p in storage.rglob("*") if p.is_file() and ".snakemake" not in p.parts]
+    assert written == [], "a dry run writes no artifact"
+
+
+def test_default_target_builds_eval_for_configured_versions(tmp_path: Path) -> None:
+    result = run_snakemake(["-n", "--config", f"storage_root={tmp_path / 'r'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    counts = job_counts(result.stdout + result.stderr)
+    assert counts["eval"] == 1 and counts["all"] == 1
+
+
+def test_invalid_experiment_stops_the_dry_run_before_any_job(tmp_path: Path) -> None:
+    doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    doc["role_plan"]["inference_engine_data_parallel_size"] = 2
+    doc["role_plan"]["policy_mini_batch_size"] = 5
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    storage = tmp_path / "results"
+    result = run_snakemake(
+        ["-n", f"export/v{VERSION}", "--config", f"experiment={path}", f"storage_root={storage}"], cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "3 problem(s) found before anything ran" in result.stderr
+    assert "role_plan.num_inference_engines: colocated policy GPUs (1*1=1) != rollout GPUs" in result.stderr
+    assert "train_batch_size=16 is not a multiple of policy_mini_batch_size=5" in result.stderr
+    assert "Job stats" not in result.stdout + result.stderr
+    assert not storage.exists()
+
+
+def test_bad_version_in_target_is_named(tmp_path: Path) -> None:
+    result = run_snakemake(["-n", "export/v2026.9.21", "--config", f"storage_root={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "version: '2026.9.21' is not a calendar version" in result.stderr
+
+
+def s3_args(bucket: str) -> list[str]:
+    return ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/root"]
+
+
+@pytest.mark.timeout(300)
+def test_changed_recipe_under_a_fixed_version_is_refused_from_a_fresh_checkout(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    bucket = s3_server.new_bucket()
+    experiment = cheap_experiment(tmp_path, max_steps=200)
+    first = tmp_path / "checkout-1"
+    first.mkdir()
+    target = f"launch/v{VERSION}/launch.yaml"
+    built = run_snakemake(
+        [target, "--cores", "2", *s3_args(bucket), "--config", f"experiment={experiment}"],
+        cwd=first,
+        env=s3_server.env(),
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+
+    experiment.write_text(experiment.read_text().replace("max_steps: 200", "max_steps: 7"))
+    fresh = tmp_path / "checkout-2"  # no .snakemake metadata: only the record in S3 can tell
+    fresh.mkdir()
+    refused = run_snakemake(
+        ["-n", f"export/v{VERSION}", *s3_args(bucket), "--config", f"experiment={experiment}"],
+        cwd=fresh,
+        env=s3_server.env(),
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"version {VERSION} is immutable" in refused.stderr
+    assert "recipe.trainer.max_steps: stored 200 -> now 7" in refused.stderr
+    assert "Bump the version" in refused.stderr
+    assert "SECRET" not in (refused.stdout + refused.stderr).upper().replace("<REDACTED>", "")
+
+
+@pytest.mark.timeout(300)
+def test_dev_version_rebuilds_what_changed(tmp_path: Path, s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    experiment = cheap_experiment(tmp_path, max_steps=200)
+    target = "launch/vdev/launch.yaml"
+    args = [*s3_args(bucket), "--config", f"experiment={experiment}"]
+    built = run_snakemake([target, "--cores", "2", *args], cwd=tmp_path, env=s3_server.env())
+    assert built.returncode == 0, built.stderr[-3000:]
+    unchanged = run_snakemake(["-n", target, *args], cwd=tmp_path, env=s3_server.env())
+    assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+
+    experiment.write_text(experiment.read_text().replace("max_steps: 200", "max_steps: 7"))
+    changed = run_snakemake(["-n", target, *args], cwd=tmp_path, env=s3_server.env())
+    assert changed.returncode == 0, changed.stderr
+    counts = job_counts(changed.stdout + changed.stderr)
+    assert counts["resolve_launch"] == 1
+    assert "stage_model" not in counts and "stage_data" not in counts

@@ -1,0 +1,85 @@
+"""The launch document: sections, recipe composition, determinism, no secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlbuild.cli import main
+from rlbuild.preflight import resolve
+from rlbuild.spec import parse_experiment
+from tests.spine.experiments import experiment, write
+
+SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "trainer"]
+
+
+def resolve_launch(tmp_path: Path, doc: dict, out: str) -> str:
+    path = write(tmp_path, doc)
+    folder = tmp_path / out
+    args = ["resolve-launch", "--experiment", str(path), "--version", "2026.09.21", "--storage-root", "s3://bucket/p"]
+    args += ["--out", str(folder / "launch.yaml"), "--record", str(folder / "identity.json")]
+    args += ["--plan", str(folder / "plan.txt")]
+    assert main(args) == 0
+    return (folder / "launch.yaml").read_text()
+
+
+def test_same_inputs_give_a_byte_identical_document(tmp_path: Path) -> None:
+    first = resolve_launch(tmp_path, experiment(), "a")
+    second = resolve_launch(tmp_path, experiment(), "b")
+    assert first == second
+    assert list(yaml.safe_load(first)) == SECTIONS
+
+
+def test_role_plan_is_rendered_into_the_recipe() -> None:
+    plan = resolve(parse_experiment(experiment(), "test"), "2026.09.21", "s3://bucket/p")
+    trainer = plan.launch["trainer"]
+    assert trainer["trainer"]["placement"]["policy_num_nodes"] == 4
+    assert trainer["trainer"]["train_batch_size"] == 64
+    assert trainer["generator"]["inference_engine_data_parallel_size"] == 8
+    assert trainer["generator"]["n_samples_per_prompt"] == 8
+    assert trainer["trainer"]["seed"] == 42
+
+
+def test_recipe_values_compose_over_the_base() -> None:
+    doc = experiment(recipe={"trainer": {"max_steps": 7, "algorithm": {"kl_loss_coef": 0.1}}})
+    plan = resolve(parse_experiment(doc, "test"), "2026.09.21", "s3://bucket/p")
+    trainer = plan.launch["trainer"]["trainer"]
+    assert trainer["max_steps"] == 7
+    assert trainer["algorithm"]["kl_loss_coef"] == 0.1
+    assert trainer["algorithm"]["eps_clip_low"] == 0.2  # from the base recipe
+
+
+def test_paths_are_scoped_by_experiment_and_version() -> None:
+    plan = resolve(parse_experiment(experiment(), "test"), "2026.09.21", "s3://bucket/p")
+    artifacts = plan.launch["artifacts"]
+    assert artifacts["export_root"] == "s3://bucket/p/seed-64/export/v2026.09.21"
+    assert artifacts["checkpoint_root"] == "s3://bucket/p/seed-64/tmp/ttl=14d/train/v2026.09.21/checkpoints"
+    other = resolve(parse_experiment(experiment(name="other"), "test"), "2026.09.21", "s3://bucket/p")
+    assert not set(_uris(plan.launch)) & set(_uris(other.launch))
+
+
+def _uris(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [u for v in node.values() for u in _uris(v)]
+    if isinstance(node, list):
+        return [u for v in node for u in _uris(v)]
+    return [node] if isinstance(node, str) and node.startswith("s3://") else []
+
+
+def test_placement_does_not_change_identity() -> None:
+    base = resolve(parse_experiment(experiment(), "t"), "2026.09.21", "s3://b/p")
+    moved = experiment(execution__iris__cluster="elsewhere", execution__iris__priority="batch")
+    other = resolve(parse_experiment(moved, "t"), "2026.09.21", "s3://b/p")
+    assert base.records["launch"]["fingerprint"] == other.records["launch"]["fingerprint"]
+    changed = resolve(parse_experiment(experiment(seed=7), "t"), "2026.09.21", "s3://b/p")
+    assert changed.records["launch"]["fingerprint"] != base.records["launch"]["fingerprint"]
+
+
+def test_secret_values_never_reach_the_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "hf_SuperSecretTokenValue123"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    text = resolve_launch(tmp_path, experiment(execution__iris__cluster=secret), "a")
+    assert secret not in text
+    assert "<redacted>" in text
