@@ -66,6 +66,8 @@ TOKENIZER_FILES = frozenset(
 # Alternative weight formats a Hub repo may carry next to the safetensors/bin weights the trainer loads.
 HF_IGNORE_PATTERNS = ("*.onnx", "*.onnx_data", "*.h5", "*.msgpack", "*.ot", "*.tflite", "*.gguf", "*.mlmodel")
 _HF_IGNORE_DIRS = frozenset({"onnx", "openvino", "coreml", "original", ".cache", ".git"})
+# A repo that ships safetensors often also ships the same weights as a pickle; stage one copy, the safe one.
+_PICKLED_WEIGHTS = "pytorch_model*.bin"
 
 DATA_COLUMNS = ("prompt", "answer")
 _CHUNK = 1 << 20
@@ -211,7 +213,7 @@ def _hf_snapshot(source: Source, repo_type: str) -> Path:
     problems = source.check()
     if problems:
         raise SourceError("; ".join(problems))
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
         LocalEntryNotFoundError,
@@ -224,6 +226,16 @@ def _hf_snapshot(source: Source, repo_type: str) -> Path:
     )
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
     subpath = source.hf_subpath
+    skip = HF_IGNORE_PATTERNS
+    if repo_type == "model" and not offline:
+        # One listing call saves downloading the weights twice; offline, the copy step filters instead.
+        try:
+            skip = _skip_patterns(
+                HfApi().list_repo_files(source.hf_repo_id, revision=source.revision, repo_type=repo_type)
+            )
+        except Exception:
+            # Only an optimisation: snapshot_download below reports the actual problem, or uses the cache.
+            skip = HF_IGNORE_PATTERNS
     try:
         folder = snapshot_download(
             source.hf_repo_id,
@@ -232,7 +244,7 @@ def _hf_snapshot(source: Source, repo_type: str) -> Path:
             cache_dir=cache_dir,
             local_files_only=offline,
             allow_patterns=[subpath, f"{subpath}/*"] if subpath else None,
-            ignore_patterns=list(HF_IGNORE_PATTERNS),
+            ignore_patterns=list(skip),
         )
     except LocalEntryNotFoundError as exc:
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached"
@@ -285,11 +297,20 @@ def _resolve(source: Source, artifact_dirs: Mapping[str, Path] | None, repo_type
     raise SourceError(f"source {source}: a {source.scheme}: source cannot be staged as a {repo_type}")
 
 
+def _skip_patterns(names: Iterable[str]) -> tuple[str, ...]:
+    """File patterns not worth staging from a model folder or repo holding `names`."""
+    if any(name.endswith(".safetensors") for name in names):
+        return (*HF_IGNORE_PATTERNS, _PICKLED_WEIGHTS)
+    return HF_IGNORE_PATTERNS
+
+
 def _folder_files(folder: Path) -> Iterator[tuple[str, Path]]:
     """(relpath, path) of the files of a model folder worth staging: no records, caches or other formats."""
-    for rel, path in _payload_files(folder):
+    files = list(_payload_files(folder))
+    skip = _skip_patterns(rel for rel, _ in files)
+    for rel, path in files:
         parts = PurePosixPath(rel).parts
-        if set(parts[:-1]) & _HF_IGNORE_DIRS or any(PurePosixPath(rel).match(p) for p in HF_IGNORE_PATTERNS):
+        if set(parts[:-1]) & _HF_IGNORE_DIRS or any(PurePosixPath(rel).match(p) for p in skip):
             continue
         yield rel, path
 

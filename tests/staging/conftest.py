@@ -47,6 +47,7 @@ def model_files(weights: bytes) -> dict[str, bytes]:
         "model.safetensors": weights,
         "tokenizer.json": b'{"vocab": "abc"}',
         "model.onnx": b"an alternative format that is not staged",
+        "pytorch_model.bin": b"the same weights as a pickle, not staged beside safetensors",
     }
 
 
