@@ -1,0 +1,30 @@
+# The two commands of the README. Both set up ./.venv from uv.lock first (idempotent).
+VENV := .venv/bin
+export PATH := $(CURDIR)/$(VENV):$(PATH)
+
+.PHONY: setup main test test-fast lint bench
+
+setup:
+	scripts/setup.sh
+
+# The main job on the embedded default: the whole graph (base model, staging, launch, train, export, eval)
+# on this machine's CPUs, then the Snakemake report.
+main: setup
+	snakemake --cores 2
+	snakemake --report $(CURDIR)/results/tiny-addition/report.html
+
+# Every test, slow ones included (CI runs this).
+test: setup
+	python -m pytest
+
+test-fast: setup
+	python -m pytest -m "not slow"
+
+lint: setup
+	ruff check .
+
+bench: setup
+	scripts/setup.sh --group bench
+	python benchmarks/dry_run.py
+	python benchmarks/trainer_vs_trl.py
+	python benchmarks/gang_bootstrap.py

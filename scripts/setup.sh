@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything rlbuild needs into ./.venv from the lock file: Python 3.12, uv, the locked packages
+# (Snakemake and its S3 plugin, the Iris executor plugin, torch, ray, transformers, moto for tests).
+# Idempotent: a second run only checks that the environment matches uv.lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python() {
+  if command -v python3.12 >/dev/null 2>&1 && python3.12 -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+    command -v python3.12
+    return
+  fi
+  for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12; do
+    if [[ -x "$candidate" ]]; then
+      echo "$candidate"
+      return
+    fi
+  done
+  echo "rlbuild setup: no Python 3.12 found; install it (e.g. 'pyenv install 3.12' or your distribution's python3.12)" >&2
+  exit 1
+}
+
+PYTHON=$(find_python)
+if [[ ! -x .tools/bin/uv ]]; then
+  "$PYTHON" -m venv .tools
+  .tools/bin/python -m pip install --quiet --disable-pip-version-check "uv>=0.9,<1"
+fi
+# Bytecode is compiled up front: environments that set PYTHONDONTWRITEBYTECODE would otherwise recompile
+# Snakemake and its plugins on every invocation (seconds per dry run).
+UV_PYTHON="$PYTHON" .tools/bin/uv sync --frozen --compile-bytecode "$@"

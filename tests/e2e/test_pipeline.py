@@ -1,0 +1,198 @@
+"""The whole graph on the embedded default, run for real by Snakemake on a small budget.
+
+One module-scoped run builds every artifact kind; the tests then rebuild parts of it and assert, from
+Snakemake's own job table, which jobs ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import EXPERIMENTS, REPO, S3Server, run_snakemake
+from tests.spine.test_graph import job_counts
+
+VERSION = "2026.09.21"
+pytestmark = pytest.mark.timeout(900)
+
+
+def small_experiment(folder: Path, max_steps: int = 4, name: str = "tiny-addition") -> Path:
+    doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    doc["name"] = name
+    trainer = doc.setdefault("recipe", {}).setdefault("trainer", {})
+    trainer.update({"max_steps": max_steps, "ckpt_interval": 2, "eval_interval": 2})
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+class Pipeline:
+    def __init__(
+        self, folder: Path, experiment: Path, extra: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.folder, self.experiment = folder, experiment
+        self.extra, self.env = extra or [], env or {}
+        self.storage = folder / "results"
+
+    @property
+    def root(self) -> Path:
+        return self.storage / yaml.safe_load(self.experiment.read_text())["name"]
+
+    def run(self, *args: str, config: tuple[str, ...] = (), timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Targets and `--` go last in `args`; `config` adds `--config` entries."""
+        settings = [f"experiment={self.experiment}", f"storage_root={self.storage}", f"versions=['{VERSION}']"]
+        command = ["--cores", "2", *self.extra, "--config", *settings, *config, *args]
+        return run_snakemake(command, cwd=self.folder, env=self.env, timeout=timeout)
+
+
+def ran(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = job_counts(result.stdout + result.stderr)
+    counts.pop("total", None)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
+    folder = tmp_path_factory.mktemp("pipeline")
+    pipe = Pipeline(folder, small_experiment(folder))
+    counts = ran(pipe.run())
+    assert counts == {
+        k: 1 for k in ("base_model", "stage_model", "stage_data", "resolve_launch", "train", "export", "eval", "all")
+    }
+    return pipe
+
+
+def test_every_artifact_kind_is_complete_with_its_identity_record(pipeline: Pipeline) -> None:
+    root = pipeline.root
+    for folder in ("base_model", "stage/model", "stage/data", "launch", "train", "export", "eval"):
+        record = json.loads((root / folder / f"v{VERSION}" / "identity.json").read_text())
+        assert record["version"] == VERSION and record["identity"].startswith("tiny-addition/")
+    terminal = json.loads((root / "train" / f"v{VERSION}" / "terminal.json").read_text())
+    assert terminal["global_step"] == 4
+    results = json.loads((root / "eval" / f"v{VERSION}" / "results.json").read_text())
+    assert 0.0 <= results["accuracy"] <= 1.0 and results["n"] > 0
+    assert (root / "eval" / f"v{VERSION}" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    export = root / "export" / f"v{VERSION}"
+    AutoModelForCausalLM.from_pretrained(export, local_files_only=True)
+    AutoTokenizer.from_pretrained(export, local_files_only=True)
+
+
+def test_report_holds_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
+    report = pipeline.folder / "report.html"
+    result = pipeline.run("--report", str(report))
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = report.read_text()
+    for name in ("curves.png", "results.json", "plan.txt"):
+        assert name in html
+
+
+def test_nothing_to_do_when_everything_is_built(pipeline: Pipeline) -> None:
+    assert ran(pipeline.run()) == {}
+
+
+def test_forcerun_eval_reruns_eval_only(pipeline: Pipeline) -> None:
+    assert ran(pipeline.run("--forcerun", "eval")) == {"eval": 1, "all": 1}
+
+
+def test_forcerun_export_reexports_without_retraining(pipeline: Pipeline) -> None:
+    assert ran(pipeline.run(f"export/v{VERSION}", "--forcerun", "export")) == {"export": 1}
+
+
+def test_forcing_a_fixed_version_to_retrain_is_refused(pipeline: Pipeline) -> None:
+    result = pipeline.run("--forcerun", "train", "--", f"train/v{VERSION}/terminal.json")
+    assert result.returncode != 0
+    log = (pipeline.root / "logs" / "train" / f"v{VERSION}.log").read_text()
+    assert "allow_retrain" in log or "--allow-retrain" in log
+    retrained = pipeline.run(
+        "--forcerun", "train", "--", f"train/v{VERSION}/terminal.json", config=("allow_retrain=true",)
+    )
+    assert ran(retrained) == {"train": 1}
+
+
+def test_an_edited_file_in_storage_is_detected(pipeline: Pipeline) -> None:
+    data = pipeline.root / "stage" / "data" / f"v{VERSION}" / "validation" / "0.jsonl"
+    original = data.read_text()
+    data.write_text(original + '{"prompt": "1+1=", "answer": "3"}\n')
+    try:
+        result = pipeline.run("--forcerun", "eval")
+        assert result.returncode != 0
+        log = (pipeline.root / "logs" / "eval" / f"v{VERSION}.log").read_text()
+        assert "validation/0.jsonl" in log and "manifest" in log.lower()
+    finally:
+        data.write_text(original)
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_the_latest_checkpoint(tmp_path: Path) -> None:
+    experiment = small_experiment(tmp_path, max_steps=8, name="resume")
+    pipe = Pipeline(tmp_path, experiment)
+    target = f"train/v{VERSION}/terminal.json"
+    config = ["--config", f"experiment={experiment}", f"storage_root={pipe.storage}"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        target,
+        "--cores",
+        "2",
+        *config,
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
+    )
+    latest = pipe.root / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    while not latest.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert latest.exists(), "training never wrote a checkpoint"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (pipe.root / target).exists()
+
+    assert pipe.run("--unlock").returncode == 0  # a killed Snakemake leaves its lock behind
+    resumed = pipe.run("--rerun-incomplete", target)
+    assert ran(resumed) == {"train": 1}
+    terminal = json.loads((pipe.root / target).read_text())
+    assert terminal["global_step"] == 8
+    log = (pipe.root / "logs" / "train" / f"v{VERSION}.log").read_text()
+    assert "resum" in log.lower()
+
+
+@pytest.mark.slow
+def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    experiment = small_experiment(tmp_path, max_steps=2)
+    storage = ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/rlbuild"]
+    pipe = Pipeline(tmp_path, experiment, extra=storage, env=s3_server.env())
+    counts = ran(pipe.run())
+    assert counts["train"] == 1 and counts["eval"] == 1
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=s3_server.endpoint, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+    )
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="rlbuild/tiny-addition/")["Contents"]}
+    prefix = "rlbuild/tiny-addition"
+    assert f"{prefix}/train/v{VERSION}/terminal.json" in keys
+    assert f"{prefix}/eval/v{VERSION}/results.json" in keys
+    assert f"{prefix}/export/v{VERSION}/model.safetensors" in keys
+    assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/checkpoints/global_step_2/") for k in keys)
+    assert ran(pipe.run("--forcerun", "eval")) == {"eval": 1, "all": 1}
