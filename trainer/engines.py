@@ -99,7 +99,7 @@ class TorchEngine:
         ids, attention = ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+        past, logits = out.cache, out.logits[:, -1]
         next_position = positions[:, -1] + 1
         tokens, logps = [], []
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
@@ -123,10 +123,10 @@ class TorchEngine:
                 input_ids=token[:, None],
                 attention_mask=attention,
                 position_ids=next_position[:, None],
-                past_key_values=past,
+                cache=past,
                 use_cache=True,
             )
-            past, logits = out.past_key_values, out.logits[:, -1]
+            past, logits = out.cache, out.logits[:, -1]
             next_position = next_position + 1
         token_matrix = torch.stack(tokens, 1).cpu().tolist()
         logp_matrix = torch.stack(logps, 1).cpu().tolist()

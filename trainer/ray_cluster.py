@@ -43,7 +43,9 @@ def connect(address: str | None, num_bundles: int) -> bool:
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return False
+    # "local" starts a private cluster: with no address, Ray would join whatever cluster last started here.
     ray.init(
+        address="local",
         num_cpus=max(os.cpu_count() or 1, num_bundles),
         include_dashboard=False,
         runtime_env=env,

@@ -1,0 +1,97 @@
+"""Checkpoint layout, retention, resume modes, the digest guard and the immutability guard (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from trainer import loop, storage
+from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.config import Launch
+
+
+def _write_policy(uri: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "policy").mkdir()
+        (Path(tmp) / "policy" / "model.safetensors").write_text("weights")
+        (Path(tmp) / "optimizer.pt").write_text("adam")
+        storage.put_dir(Path(tmp), uri)
+
+
+def _exercise(root: str) -> None:
+    manager = CheckpointManager(root, keep=2, runtime_digest="d1")
+    assert manager.latest_step() is None
+    assert manager.resolve("latest", None) is None
+    for step in (2, 4, 6):
+        manager.save(step, data_cursor=step * 16, extra={"seed": 0}, write_policy=_write_policy)
+    assert manager.latest_step() == 6
+    names = sorted(n for n in storage.list_dirs(root) if n.startswith("global_step_"))
+    assert names == ["global_step_4", "global_step_6"]
+    resume = manager.resolve("latest", None)
+    assert (resume.step, resume.data_cursor, resume.uri) == (6, 96, manager.step_uri(6))
+    state = json.loads(storage.read_text(storage.join(manager.step_uri(6), "trainer_state.json")))
+    assert state["runtime_source_digest"] == "d1" and state["global_step"] == 6
+    assert storage.exists(storage.join(manager.step_uri(6), "policy", "model.safetensors"))
+    assert manager.resolve("none", None) is None
+    assert manager.resolve("from_path", manager.step_uri(4)).step == 4
+    other_code = CheckpointManager(root, keep=2, runtime_digest="d2")
+    with pytest.raises(CheckpointError, match=r"runtime source digest d1.*running code has d2"):
+        other_code.resolve("latest", None)
+
+
+def test_local_checkpoints(tmp_path: Path) -> None:
+    _exercise(str(tmp_path / "checkpoints"))
+
+
+def test_s3_checkpoints(s3_root: str) -> None:
+    _exercise(f"{s3_root}/exp/tmp/ttl=14d/train/v1/checkpoints")
+
+
+def test_resume_errors(tmp_path: Path) -> None:
+    manager = CheckpointManager(str(tmp_path), keep=1, runtime_digest="d")
+    with pytest.raises(CheckpointError, match=r"resume_path='/x/step3'"):
+        manager.resolve("from_path", "/x/step3")
+    (tmp_path / "global_step_3").mkdir()
+    with pytest.raises(CheckpointError, match="no trainer_state.json"):
+        manager.resolve("from_path", str(tmp_path / "global_step_3"))
+    (tmp_path / "latest").write_text("three")
+    with pytest.raises(CheckpointError, match="not a step number"):
+        manager.latest_step()
+
+
+def _launch(tmp_path: Path, version: str) -> Launch:
+    root = str(tmp_path / "ckpt")
+    return Launch.from_document(
+        {
+            "run": {"id": "x", "version": version},
+            "runtime": {"source_digest": "d"},
+            "ray": {},
+            "artifacts": {"checkpoint_root": root, "resume_checkpoint_count": 1},
+            "inputs": {},
+            "trainer": {"trainer": {"max_steps": 4}},
+        }
+    )
+
+
+def test_immutable_version_refuses_a_forced_retrain(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "2026.09.21")
+    manager = CheckpointManager(launch.checkpoint_root, keep=1, runtime_digest="d")
+    terminal = str(tmp_path / "terminal.json")
+    loop.check_can_start(launch, terminal, False, manager)  # nothing trained yet
+    manager.save(4, 64, {}, _write_policy)
+    with pytest.raises(loop.TrainError, match="--allow-retrain"):
+        loop.check_can_start(launch, terminal, False, manager)
+    loop.check_can_start(launch, terminal, True, manager)
+    loop.check_can_start(_launch(tmp_path, "dev"), terminal, False, manager)  # dev is mutable
+
+
+def test_existing_terminal_manifest_is_never_overwritten(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "dev")
+    terminal = tmp_path / "terminal.json"
+    terminal.write_text("{}")
+    manager = CheckpointManager(launch.checkpoint_root, keep=1, runtime_digest="d")
+    with pytest.raises(loop.TrainError, match="already exists"):
+        loop.check_can_start(launch, str(terminal), True, manager)

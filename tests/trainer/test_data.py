@@ -1,0 +1,123 @@
+"""Tasks, data order, GRPO group construction and batch layout (no models, no Ray)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import grpo, loop, tasks
+from trainer.engines import Rollout
+
+
+@pytest.mark.parametrize(("task", "total"), [("addition", 100), ("reversal", 125)])
+def test_splits_are_deterministic_disjoint_and_complete(task: str, total: int) -> None:
+    train = tasks.generate(task, "train", "seed-0")
+    validation = tasks.generate(task, "validation", "seed-0")
+    assert train == tasks.generate(task, "train", "seed-0")
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in validation}
+    assert len(train) + len(validation) == total
+    assert len(validation) == round(total * tasks.VALIDATION_FRACTION)
+    assert validation != tasks.generate(task, "validation", "seed-1")
+
+
+def test_rows_are_correct() -> None:
+    rows = tasks.generate("addition", "train", "seed-0") + tasks.generate("reversal", "validation", "v1")
+    for row in rows:
+        if "+" in row["prompt"]:
+            a, b = row["prompt"].rstrip("=").split("+")
+            assert row["answer"] == str(int(a) + int(b))
+        else:
+            assert row["answer"] == row["prompt"][4:-1][::-1]
+
+
+def test_unknown_task_and_split_are_errors() -> None:
+    with pytest.raises(tasks.TaskError, match="task='multiplication'"):
+        tasks.generate("multiplication", "train", "seed-0")
+    with pytest.raises(tasks.TaskError, match="split='test'"):
+        tasks.generate("addition", "test", "seed-0")
+
+
+def test_make_data_cli_round_trips(tmp_path: Path) -> None:
+    out = tmp_path / "train.jsonl"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "make-data",
+            "--task",
+            "addition",
+            "--split",
+            "train",
+            "--revision",
+            "seed-0",
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
+    assert tasks.read_jsonl(out) == tasks.generate("addition", "train", "seed-0")
+    assert json.loads(out.read_text().splitlines()[0]).keys() == {"prompt", "answer"}
+
+
+def test_every_group_holds_exactly_one_prompt() -> None:
+    rows = tasks.generate("addition", "train", "seed-0")
+    for cursor in (0, 16, 72):  # 72 crosses the epoch boundary of 80 rows
+        batch = loop.group(loop.batch_rows(rows, cursor, 16, seed=3), group_size=8)
+        groups = [batch[i : i + 8] for i in range(0, len(batch), 8)]
+        assert len(groups) == 16
+        assert all(len({r["prompt"] for r in g}) == 1 for g in groups)
+        if cursor + 16 <= len(rows):  # within one epoch the groups are 16 different prompts
+            assert len({g[0]["prompt"] for g in groups}) == 16
+
+
+def test_data_order_visits_every_row_once_per_epoch_and_depends_on_seed() -> None:
+    rows = tasks.generate("addition", "train", "seed-0")
+    epoch = loop.batch_rows(rows, 0, len(rows), seed=0)
+    assert sorted(r["prompt"] for r in epoch) == sorted(r["prompt"] for r in rows)
+    assert loop.batch_rows(rows, 80, 80, seed=0) != epoch
+    assert loop.batch_rows(rows, 0, 80, seed=1) != epoch
+    assert loop.batch_rows(rows, 5, 3, seed=0) == epoch[5:8]
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    prompts = [[1, 5], [1, 6, 7], [1, 5], [1, 6, 7]]
+    rollouts = [
+        Rollout([9, 2], [-0.1, -0.2], True),
+        Rollout([9], [-0.3], False),
+        Rollout([8, 8, 2], [-0.4, -0.5, -0.6], True),
+        Rollout([2], [-0.7], True),
+    ]
+    return loop.build_batch(prompts, rollouts, pad_id=0)
+
+
+def test_build_batch_layout() -> None:
+    batch = _batch()
+    assert batch["input_ids"].tolist()[0] == [0, 1, 5, 9, 2, 0]
+    assert batch["input_ids"].tolist()[2] == [0, 1, 5, 8, 8, 2]
+    assert batch["attention_mask"].tolist()[1] == [1, 1, 1, 1, 0, 0]
+    assert batch["completion_mask"].tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]]
+    assert batch["rollout_logprobs"][2].tolist() == pytest.approx([-0.4, -0.5, -0.6])
+
+
+@pytest.mark.parametrize("reduction", grpo.REDUCTIONS)
+def test_sharded_weighted_sums_equal_the_whole_mini_batch(reduction: str) -> None:
+    batch = _batch()
+    loop.add_loss_weights(batch, mini_rows=4, reduction=reduction)
+    loss = torch.arange(12, dtype=torch.float).view(4, 3)
+    batch["loss"] = loss
+    whole = float((loss * grpo.reduction_weights(batch["completion_mask"], reduction)).sum())
+    shards = loop.shard(batch, mini_rows=4, world=2)
+    assert [s["loss"].shape[0] for s in shards] == [2, 2]
+    assert sum(float((s["loss"] * s["loss_weights"]).sum()) for s in shards) == pytest.approx(whole)
+
+
+def test_shards_take_a_slice_of_every_mini_batch() -> None:
+    batch = {"input_ids": torch.arange(8)[:, None]}
+    shards = loop.shard(batch, mini_rows=4, world=2)
+    assert [s["input_ids"].flatten().tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]

@@ -1,0 +1,157 @@
+"""The torch engine: sampling, logprobs that match the trainer's recomputation, and checked weight sync."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+from trainer import engines, loop, tasks
+from trainer.engines import SamplingParams, TorchEngine
+from trainer.policy import forward_logprobs
+from trainer.testing import base_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return base_model_dir(0)
+
+
+def _prompts(model_dir: Path, n: int = 6) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer(r["prompt"])["input_ids"] for r in tasks.generate("addition", "validation", "seed-0")[:n]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_match_the_trainer_recomputation(model_dir: Path, temperature: float) -> None:
+    engine = TorchEngine(model_dir)
+    prompts = [*_prompts(model_dir), [1, 20, 19, 30, 25, 74]]  # a longer prompt forces left padding
+    rollouts = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=temperature), seed=0)
+    batch = loop.build_batch(prompts, rollouts, engine.pad_id)
+    with torch.no_grad():
+        recomputed, _ = forward_logprobs(engine.model, batch, temperature, False)
+    mask = batch["completion_mask"]
+    assert float(((recomputed - batch["rollout_logprobs"]).abs() * mask).max()) < 1e-5
+
+
+def test_generation_is_seeded_and_stops_at_eos(model_dir: Path) -> None:
+    engine = TorchEngine(model_dir)
+    prompts = _prompts(model_dir) * 4
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    first = engine.generate(prompts, params, seed=7)
+    assert [r.token_ids for r in first] == [r.token_ids for r in engine.generate(prompts, params, seed=7)]
+    assert [r.token_ids for r in first] != [r.token_ids for r in engine.generate(prompts, params, seed=8)]
+    for rollout in first:
+        assert rollout.finished == (rollout.token_ids[-1] == engine.eos_id)
+        assert engine.eos_id not in rollout.token_ids[:-1]
+        assert len(rollout.token_ids) == len(rollout.logprobs) <= 4
+
+
+def test_top_k_one_is_greedy(model_dir: Path) -> None:
+    engine = TorchEngine(model_dir)
+    prompts = _prompts(model_dir)
+    greedy = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0), seed=0)
+    top1 = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=1.0, top_k=1), seed=3)
+    assert [r.token_ids for r in greedy] == [r.token_ids for r in top1]
+
+
+def test_top_p_keeps_the_smallest_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    kept = engines._filter_logits(logits, top_p=0.6, top_k=-1)
+    assert torch.isfinite(kept).tolist() == [[True, True, False]]
+    assert torch.isfinite(engines._filter_logits(logits, top_p=0.4, top_k=-1)).tolist() == [[True, False, False]]
+
+
+def _sync_and_compare(engine: TorchEngine, policy: torch.nn.Module, sequence: list[int]) -> float:
+    ids = torch.tensor([sequence])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": ids[:, 3:]}
+    with torch.no_grad():
+        expected = forward_logprobs(policy, batch, 1.0, False)[0][0].tolist()
+    return engines.max_abs_difference(expected, engine.sequence_logprobs(sequence, 3))
+
+
+def _perturb(model: torch.nn.Module) -> None:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+
+
+def test_weight_sync_makes_engine_logprobs_equal_policy_logprobs(model_dir: Path) -> None:
+    engine = TorchEngine(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    _perturb(policy)
+    sequence = [1, 7, 67, 8, 69, 15, 2]
+    assert _sync_and_compare(engine, policy, sequence) > 1e-3
+    engine.load_weights(policy.state_dict())
+    assert _sync_and_compare(engine, policy, sequence) < 1e-5
+
+
+def test_weight_sync_keeps_tied_embeddings_tied(tmp_path: Path) -> None:
+    config = Qwen2Config(
+        vocab_size=80,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    engine = TorchEngine(tmp_path)
+    policy = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    _perturb(policy)
+    assert policy.lm_head.weight.data_ptr() == policy.model.embed_tokens.weight.data_ptr()
+    engine.load_weights(policy.state_dict())
+    assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+    assert _sync_and_compare(engine, policy, [1, 5, 6, 7, 8, 2]) < 1e-5
+
+
+def test_load_weights_rejects_foreign_names(model_dir: Path) -> None:
+    engine = TorchEngine(model_dir)
+    with pytest.raises(engines.EngineError, match="unexpected"):
+        engine.load_weights({"transformer.wte.weight": torch.zeros(1)})
+
+
+def test_backend_resolution() -> None:
+    assert engines.resolve_backend("torch") == "torch"
+    if not engines.vllm_available():
+        assert engines.resolve_backend("auto") == "torch"
+        with pytest.raises(engines.EngineError, match="vllm is not installed"):
+            engines.resolve_backend("vllm")
+
+
+@pytest.mark.skipif(
+    not (engines.vllm_available() and torch.cuda.is_available()),
+    reason="the vLLM engine needs vllm installed and a GPU (neither is on the CPU CI box)",
+)
+def test_vllm_engine_weight_sync(model_dir: Path) -> None:
+    engine = engines.VLLMEngine(
+        model_dir,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        expert_parallel_size=1,
+        gpu_memory_utilization=0.3,
+        enforce_eager=True,
+        seed=0,
+        max_model_len=64,
+    )
+    policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    _perturb(policy)
+    engine.load_weights(policy.state_dict())
+    sequence = [1, 7, 67, 8, 69, 15, 2]
+    ids = torch.tensor([sequence])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": ids[:, 3:]}
+    with torch.no_grad():
+        expected = forward_logprobs(policy, batch, 1.0, False)[0][0].tolist()
+    assert engines.max_abs_difference(expected, engine.sequence_logprobs(sequence, 3)) < 1e-3
+    rollouts = engine.generate([sequence[:5]] * 4, SamplingParams(max_tokens=3), seed=0)
+    assert all(math.isfinite(lp) for r in rollouts for lp in r.logprobs)

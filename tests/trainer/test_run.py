@@ -1,0 +1,141 @@
+"""End to end through Ray: train, checkpoints, metrics, terminal manifest, export, eval; kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trainer.testing import write_test_launch
+
+METRIC_KEYS = {
+    "reward_mean",
+    "frac_correct",
+    "entropy",
+    "log_ratio_rollout",
+    "kl",
+    "grad_norm",
+    "rollout_tokens_per_s",
+    "train_tokens_per_s",
+    "step_time_s",
+    "weight_sync_max_abs_diff",
+}
+
+
+def trainer(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def _doc(launch: Path) -> dict:
+    return yaml.safe_load(launch.read_text())
+
+
+def _metrics(doc: dict) -> list[dict]:
+    return [json.loads(line) for line in Path(doc["artifacts"]["metrics_uri"]).read_text().splitlines()]
+
+
+@pytest.mark.timeout(400)
+def test_train_then_export_then_eval(tmp_path: Path) -> None:
+    launch = write_test_launch(
+        tmp_path,
+        trainer={"trainer": {"max_steps": 3, "ckpt_interval": 2, "eval_before_train": True}},
+        artifacts={"resume_checkpoint_count": 1},
+    )
+    doc = _doc(launch)
+    result = trainer("run", "--launch", str(launch))
+    assert result.returncode == 0, result.stderr[-3000:]
+    terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
+    assert terminal["global_step"] == 3
+    assert terminal["hf_path"] == f"{doc['artifacts']['checkpoint_root']}/global_step_3/policy"
+    assert terminal["metrics"]["initial_eval_accuracy"] is not None
+    assert terminal["metrics"]["final_eval_accuracy"] is not None
+    checkpoints = Path(doc["artifacts"]["checkpoint_root"])
+    assert sorted(p.name for p in checkpoints.glob("global_step_*")) == ["global_step_3"]  # keep 1
+    assert (checkpoints / "latest").read_text() == "3"
+    records = _metrics(doc)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all(r.keys() >= METRIC_KEYS for r in records[1:])
+    assert all(r["weight_sync_max_abs_diff"] < 1e-4 for r in records[1:])
+
+    again = trainer("run", "--launch", str(launch))
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+    out = tmp_path / "export"
+    exported = trainer(
+        "export", "--launch", str(launch), "--terminal", doc["artifacts"]["terminal_manifest_uri"], "--out", str(out)
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert model.config.vocab_size == len(tokenizer)
+    assert (out / "model.safetensors").exists()
+
+    results = tmp_path / "eval" / "results.json"
+    data = doc["inputs"]["validation_data"][0]["uri"]
+    evaluated = trainer("eval", "--model", str(out), "--data", data, "--out", str(results), "--k", "4")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    scores = json.loads(results.read_text())
+    assert scores["n"] == 20 and 0.0 <= scores["accuracy"] <= scores["pass_at_k"] <= 1.0
+
+
+@pytest.mark.timeout(600)
+def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Path) -> None:
+    launch = write_test_launch(tmp_path, trainer={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
+    doc = _doc(launch)
+    latest = Path(doc["artifacts"]["checkpoint_root"]) / "latest"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", "--launch", str(launch)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not latest.exists() and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.2)
+    # Kill the whole process group (driver, its local Ray and the actors), as a preempted node would be.
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert latest.exists(), "no checkpoint appeared before the deadline"
+    killed_at = int(latest.read_text())
+    assert killed_at < 6
+    assert not Path(doc["artifacts"]["terminal_manifest_uri"]).exists()
+
+    resumed = trainer("run", "--launch", str(launch), timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        f"resumed from {doc['artifacts']['checkpoint_root']}/global_step_{killed_at}" in resumed.stdout + resumed.stderr
+    )
+    terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
+    assert terminal["global_step"] == 6
+    assert [r["step"] for r in _metrics(doc)] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
+    recipe = {
+        "trainer": {
+            "max_steps": 2,
+            "micro_train_batch_size_per_gpu": 8,
+            "placement": {"colocate_all": False, "policy_num_gpus_per_node": 2, "ref_num_gpus_per_node": 2},
+        },
+    }
+    launch = write_test_launch(tmp_path, trainer=recipe)
+    result = trainer("run", "--launch", str(launch), timeout=450)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = _doc(launch)
+    assert json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())["global_step"] == 2
+    assert all(r["weight_sync_max_abs_diff"] < 1e-4 for r in _metrics(doc))
