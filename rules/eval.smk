@@ -7,6 +7,7 @@ rule eval:
         data="stage/data/v{version}",
     output:
         results=report("eval/v{version}/results.json", category="Eval", caption="../report/eval.rst"),
+        table=report("eval/v{version}/results.html", category="Eval", caption="../report/eval.rst"),
         curves=report("eval/v{version}/curves.png", category="Eval", caption="../report/curves.rst"),
         record="eval/v{version}/identity.json",
     log:

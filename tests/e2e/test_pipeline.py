@@ -93,7 +93,7 @@ def test_report_holds_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -
     result = pipeline.run("--report", str(report))
     assert result.returncode == 0, result.stderr[-3000:]
     html = report.read_text()
-    for name in ("curves.png", "results.json", "plan.txt"):
+    for name in ("curves.png", "results.html", "plan.txt"):
         assert name in html
 
 
