@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rlbuild.errors import Violation
+from rlbuild.identity import flatten
 from rlbuild.spec import Experiment
 
 BASE_RECIPE = Path(__file__).resolve().parent.parent / "config" / "trainer" / "base.yaml"
@@ -63,17 +64,6 @@ def _base(path: Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{path}."))
-        else:
-            flat[path] = value
-    return flat
-
-
 def _unknown_keys(user: dict[str, Any], base: dict[str, Any], prefix: str = "recipe.") -> list[Violation]:
     out: list[Violation] = []
     for key, value in user.items():
@@ -100,7 +90,7 @@ def compose_recipe(experiment: Experiment, base_path: Path = BASE_RECIPE) -> tup
     if violations:
         return {}, violations
     merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(experiment.recipe))
-    stated = _flatten(experiment.recipe)
+    stated = flatten(experiment.recipe)
     for key, plan_value in role_plan_values(experiment).items():
         if key in stated:
             value = stated[key]
@@ -127,7 +117,7 @@ def compose_recipe(experiment: Experiment, base_path: Path = BASE_RECIPE) -> tup
 
 def check_recipe_values(recipe: dict[str, Any]) -> list[Violation]:
     """Checks of recipe values that are deterministic from the document alone."""
-    flat = _flatten(recipe)
+    flat = flatten(recipe)
     out: list[Violation] = []
     for key, allowed in CHOICES.items():
         if flat.get(key) not in allowed:

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
-
 from rlbuild.identity import RECORD_NAME
 
 
@@ -111,7 +109,3 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
-def local_filesystem() -> fsspec.AbstractFileSystem:
-    return fsspec.filesystem("file")
