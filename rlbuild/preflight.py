@@ -6,6 +6,7 @@ Everything here is pure and fast: no network, no torch, no ray. It runs while Sn
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,29 @@ def check_sources(experiment: Experiment) -> list[Violation]:
     return out
 
 
+def check_credentials(recipe: dict[str, Any]) -> list[Violation]:
+    """Credentials a stage will need, checked where they are forwarded from: the submitting environment."""
+    if recipe.get("trainer", {}).get("logger") != "wandb":
+        return []
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return []
+    return [
+        Violation(
+            "recipe.trainer.logger",
+            "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), "
+            "and none is set",
+            "export WANDB_API_KEY, or set WANDB_MODE=offline, or use logger: console",
+        )
+    ]
+
+
 def check_experiment(experiment: Experiment) -> tuple[dict[str, Any], list[Violation]]:
     """All version-independent checks; returns the composed recipe and every violation."""
     violations = check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
     recipe, recipe_violations = compose_recipe(experiment)
     violations += recipe_violations
     violations += check_sources(experiment)
+    violations += check_credentials(recipe)
     return recipe, violations
 
 

@@ -271,6 +271,8 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "dev",
         [("role_plan.colocate_all", "Input should be a valid boolean (got 'true')")],
     ),
+    ("wandb-without-key", {"recipe": {"trainer": {"logger": "wandb"}}}, "dev",
+     [("recipe.trainer.logger", "'wandb' needs WANDB_API_KEY in the submitting environment")]),
     ("version-not-calendar", {}, "v1", [("version", "'v1' is not a calendar version")]),
     ("version-bad-date", {}, "2026.9.21", [("version", "'2026.9.21' is not a calendar version")]),
 ]
@@ -283,7 +285,10 @@ def test_invalid_experiment_is_refused_with_its_exact_errors(
     changes: dict[str, Any],
     version: str,
     expected: list[tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
     path = write(tmp_path, experiment(**changes))
     storage = tmp_path / "storage"
     code = main(["check", str(path), "--version", version, "--storage-root", str(storage), "--json"])
