@@ -79,6 +79,23 @@ def check_credentials(recipe: dict[str, Any]) -> list[Violation]:
     ]
 
 
+def check_model_shape(model_config: dict[str, Any], experiment: Experiment) -> list[Violation]:
+    """Engine geometry against the model's own config (its config.json), once the model is known."""
+    tp = experiment.role_plan.inference_engine_tensor_parallel_size
+    out: list[Violation] = []
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = model_config.get(key)
+        if isinstance(heads, int) and heads % tp and not (key == "num_key_value_heads" and tp % heads == 0):
+            out.append(
+                Violation(
+                    "role_plan.inference_engine_tensor_parallel_size",
+                    f"TP={tp} does not divide the model's {key}={heads}, so vLLM cannot shard it",
+                    f"choose TP among the divisors of {heads}",
+                )
+            )
+    return out
+
+
 def check_experiment(experiment: Experiment) -> tuple[dict[str, Any], list[Violation]]:
     """All version-independent checks; returns the composed recipe and every violation."""
     violations = check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)

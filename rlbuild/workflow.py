@@ -15,7 +15,7 @@ from typing import Any
 from rlbuild.errors import PreflightError, RlbuildError, Violation
 from rlbuild.identity import MUTABLE_VERSION, check_drift
 from rlbuild.planview import format_plan
-from rlbuild.preflight import Plan, check_experiment, resolve
+from rlbuild.preflight import Plan, check_experiment, check_model_shape, resolve
 from rlbuild.redact import redact_text
 from rlbuild.spec import Experiment, check_version, load_experiment
 from rlbuild.storage import join, read_json
@@ -117,6 +117,10 @@ class Graph:
             check_drift(
                 version, plan.records, lambda kind: read_json(join(plan.experiment_root, plan.paths.record(kind)))
             )
+            model_config = read_json(join(plan.experiment_root, f"{plan.paths.staged_model}/config.json"))
+            problems = check_model_shape(model_config or {}, self.experiment)
+            if problems:
+                raise PreflightError(f"{self.experiment_file} (staged model {plan.paths.staged_model})", problems)
             self._plans[version] = plan
             if self.announce:
                 print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)

@@ -66,3 +66,13 @@ def test_colocated_plan_counts_policy_gpus_once() -> None:
 def test_fully_async_with_equal_batches_and_separate_roles_passes() -> None:
     topology, plan = parts(experiment(role_plan__train_batch_size=16))
     assert check_role_plan(topology, plan, Runtime(entrypoint="fully_async", strategy="fsdp2")) == []
+
+
+def test_tensor_parallel_size_must_divide_the_models_heads() -> None:
+    from rlbuild.preflight import check_model_shape
+    from rlbuild.spec import parse_experiment
+
+    doc = parse_experiment(experiment(role_plan__inference_engine_tensor_parallel_size=8), "t")
+    (violation,) = check_model_shape({"num_attention_heads": 12, "num_key_value_heads": 4}, doc)
+    assert violation.message == "TP=8 does not divide the model's num_attention_heads=12, so vLLM cannot shard it"
+    assert check_model_shape({"num_attention_heads": 32, "num_key_value_heads": 4}, doc) == []
