@@ -1,0 +1,121 @@
+"""The executor's use of the Iris client: submit a placement, find an earlier submission, report failures."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from iris.client import IrisClient, JobAlreadyExists, JobState, JobStatus, TaskStatus
+from iris.cluster.client.job_info import resolve_job_user
+from iris.cluster.constraints import Constraint, ConstraintOp
+from iris.cluster.types import CoschedulingConfig, Entrypoint, EnvironmentSpec, JobName, ResourceSpec, gpu_device
+from iris.rpc.proto_display import priority_band_value
+from rigging.secrets import SecretBehavior
+from rigging.timing import Duration
+
+from snakemake_executor_plugin_iris.errors import IrisSubmitError
+from snakemake_executor_plugin_iris.requests import Placement
+from snakemake_executor_plugin_iris.status import Outcome, outcome
+
+
+@dataclass(frozen=True)
+class Submission:
+    command: list[str]
+    env: dict[str, str]
+    ports: list[str]
+    scheduling_timeout_s: int
+    cpu_pool: str | None
+
+
+class Iris:
+    """One connection to an Iris controller."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = IrisClient.remote(url)
+
+    def job_id(self, name: str) -> JobName:
+        return JobName.root(resolve_job_user(), name)
+
+    def find_active(self, name: str) -> JobName | None:
+        """The job of this name if it is still pending or running (a restarted Snakemake adopts it)."""
+        job_id = self.job_id(name)
+        try:
+            state = self.client.job_state(job_id)
+        except Exception as error:  # ConnectError NOT_FOUND; anything else surfaces on submit
+            if "not found" in str(error).lower():
+                return None
+            raise
+        return job_id if outcome(state) is Outcome.RUNNING else None
+
+    def submit(self, name: str, place: Placement, sub: Submission) -> tuple[JobName, bool]:
+        """Submit, or adopt a running job of the same name. Returns (job id, adopted)."""
+        found = self.find_active(name)
+        if found is not None:
+            return found, True
+        device = gpu_device(place.gpu_variant, place.gpus_per_node) if place.gpu_variant else None
+        constraints = None
+        if sub.cpu_pool and place.gpu_variant is None:
+            constraints = [Constraint.create(key="pool", op=ConstraintOp.EQ, value=sub.cpu_pool)]
+        try:
+            job = self.client.submit(
+                Entrypoint.from_command(*sub.command),
+                name=name,
+                resources=ResourceSpec(cpu=place.cpu, memory=place.memory, disk=place.disk, device=device),
+                environment=EnvironmentSpec(env_vars=sub.env, setup_scripts=[], secret_behavior=SecretBehavior.ISOLATE),
+                ports=sub.ports or None,
+                scheduling_timeout=Duration.from_seconds(sub.scheduling_timeout_s),
+                constraints=constraints,
+                coscheduling=CoschedulingConfig(group_by=place.coschedule) if place.coschedule else None,
+                replicas=place.replicas,
+                # Both budgets: with only the per-task one Iris fails the job on the first failure.
+                max_retries_failure=place.max_retries,
+                max_task_failures=place.max_retries,
+                priority_band=priority_band_value(place.priority),
+            )
+        except JobAlreadyExists:
+            return self.job_id(name), True
+        except Exception as error:
+            raise IrisSubmitError(f"Iris at {self.url} refused job {name}: {error}") from error
+        return job.job_id, False
+
+    def state(self, job_id: JobName) -> JobState:
+        return self.client.job_state(job_id)
+
+    def status(self, job_id: JobName) -> JobStatus:
+        return self.client.job_status(job_id)
+
+    def cancel(self, job_id: JobName) -> None:
+        self.client.cancel_job(job_id)
+
+    def failure_report(self, job_id: JobName, tail_lines: int) -> tuple[str, str]:
+        """(one-paragraph summary, the tail of every task's log) of a job that ended without success."""
+        status = self.status(job_id)
+        parts = [f"Iris job {job_id.to_wire()} ended {status.state.value}"]
+        if status.error_message:
+            parts.append(status.error_message)
+        if status.pending_reason and status.pending_reason != status.error_message:
+            parts.append(f"last scheduling note: {status.pending_reason}")
+        if status.failure_count:
+            parts.append(f"failed attempts: {status.failure_count}")
+        tasks = self.client.list_tasks(job_id)
+        if tasks:
+            parts.append("tasks: " + ", ".join(_describe(t) for t in sorted(tasks, key=lambda t: t.task_id.to_wire())))
+        lines: dict[str, list[str]] = defaultdict(list)
+        for entry in self.client.job(job_id).logs(tail=True, max_lines=tail_lines * max(len(tasks), 1)):
+            lines[f"{entry.task_id.to_wire()} attempt {entry.attempt_id}"].append(entry.data)
+        logs = "\n".join(
+            f"--- {task} (last {min(len(text), tail_lines)} lines) ---\n" + "\n".join(text[-tail_lines:])
+            for task, text in sorted(lines.items())
+        )
+        return "; ".join(parts), logs
+
+    def close(self) -> None:
+        self.client.shutdown()
+
+
+def _describe(task: TaskStatus) -> str:
+    text = f"{task.task_id.to_wire().rsplit('/', 1)[-1]}={task.state.value}"
+    if task.exit_code:
+        text += f" exit {task.exit_code}"
+    return f"{text} ({task.error_message})" if task.error_message else text

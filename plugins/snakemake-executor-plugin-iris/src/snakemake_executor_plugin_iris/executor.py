@@ -1,0 +1,230 @@
+"""The Iris executor: submits Snakemake jobs to Iris (gangs for GPU rules), polls them, cancels them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rigging.credential_store import load_credentials
+from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
+from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
+from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
+
+from snakemake_executor_plugin_iris.client import Iris, Submission
+from snakemake_executor_plugin_iris.errors import IrisSettingError, IrisSubmitError
+from snakemake_executor_plugin_iris.names import job_name
+from snakemake_executor_plugin_iris.requests import (
+    Defaults,
+    gang_command,
+    placement,
+    priority,
+    shell,
+    task_env,
+)
+from snakemake_executor_plugin_iris.status import Outcome, outcome
+
+if TYPE_CHECKING:
+    from snakemake_executor_plugin_iris import ExecutorSettings
+
+RAY_PORTS = [
+    "ray_gcs",
+    "ray_node_manager",
+    "ray_object_manager",
+    "ray_metrics",
+    "ray_agent_listen",
+    "ray_agent_grpc",
+    "ray_runtime_env",
+    "ray_client",
+]  # the names rlbuild.gang reads from IRIS_PORT_<NAME>
+LOG_LAG_S = 2.0  # Iris's logs trail a job's terminal state by 1-2 s
+SECRET_NAME = re.compile(r"(secret|token|password|api[_-]?key|access[_-]?key|credential)", re.IGNORECASE)
+
+
+def redact(text: str, environ: Mapping[str, str]) -> str:
+    for name, value in environ.items():
+        if SECRET_NAME.search(name) and len(value) >= 8:
+            text = text.replace(value, "<redacted>")
+    return text
+
+
+def controller_url(settings: ExecutorSettings) -> str:
+    if settings.controller_url:
+        return settings.controller_url
+    if settings.cluster:
+        record = load_credentials(settings.cluster)
+        if record is None:
+            raise IrisSettingError(
+                "iris-cluster",
+                settings.cluster,
+                "no endpoint recorded; run `iris login` or pass --iris-controller-url",
+            )
+        return record.endpoint
+    raise IrisSettingError(
+        "iris-controller-url", None, "set --iris-controller-url (or SNAKEMAKE_IRIS_CONTROLLER_URL, or --iris-cluster)"
+    )
+
+
+def storage_uri(path: Any) -> str:
+    """The location of an input as every node can reach it: its storage query (s3://...) or absolute path."""
+    if getattr(path, "is_storage", False):
+        return str(path.storage_object.query)
+    return os.path.abspath(str(path))
+
+
+class Executor(RemoteExecutor):
+    def __post_init__(self) -> None:
+        self.settings: ExecutorSettings = self.workflow.executor_settings
+        self.iris = Iris(controller_url(self.settings))
+        self.defaults = Defaults(
+            cpu=self.settings.node_cpu,
+            memory=self.settings.node_memory,
+            disk=self.settings.node_disk,
+            priority=priority("iris-priority", self.settings.priority),
+            max_retries=self.settings.max_retries,
+            coschedule=self.settings.coschedule,
+        )
+        self.iris_rules = _names(self.settings.rules)
+        self.extra_env = _names(self.settings.env) or []
+        self.log_dir = Path(".snakemake", "iris").resolve()
+        if self.settings.status_interval is not None:
+            self.next_seconds_between_status_checks = self.settings.status_interval
+
+    # Submission
+
+    def run_job(self, job: JobExecutorInterface) -> None:
+        try:
+            resources = dict(job.resources)
+            if self.iris_rules is not None and "gpu_nodes" not in resources and job.name not in self.iris_rules:
+                self._run_locally(job)
+            else:
+                self._submit(job, resources)
+        except (IrisSettingError, IrisSubmitError) as error:
+            self.report_job_error(SubmittedJobInfo(job), msg=str(error))
+
+    def _submit(self, job: JobExecutorInterface, resources: dict[str, Any]) -> None:
+        place = placement(resources, job.threads, self.defaults)
+        wildcards = {} if job.is_group() else dict(job.wildcards_dict)  # type: ignore[attr-defined]
+        name = job_name(job.name, wildcards, job.attempt, [storage_uri(o) for o in job.output])
+        step = self.format_job_exec(job)
+        command = step
+        if place.is_gang:
+            launch = None if job.is_group() else getattr(job.input, "launch", None)
+            command = gang_command(
+                python=self.get_python_executable(),
+                nodes=place.replicas,
+                gang_id=uuid.uuid4().hex[:12],
+                step=step,
+                launch=storage_uri(launch) if launch else None,
+                rendezvous_root=None if launch else self._rendezvous_root(),
+                join_timeout_s=self.settings.join_timeout,
+            )
+        submission = Submission(
+            command=shell(os.getcwd(), command),
+            env=task_env(os.environ, self.envvars(), self.extra_env),
+            ports=RAY_PORTS if place.is_gang else [],
+            scheduling_timeout_s=self.settings.scheduling_timeout,
+            cpu_pool=self.settings.cpu_pool,
+        )
+        job_id, adopted = self.iris.submit(name, place, submission)
+        what = f"{place.replicas}-node gang" if place.is_gang else "job"
+        if adopted:
+            self.logger.info(f"Found Iris {what} {job_id.to_wire()} submitted earlier for {job.name}; following it")
+        else:
+            self.logger.info(f"Submitted {job.name} to Iris as {what} {job_id.to_wire()}")
+        self.report_job_submission(
+            SubmittedJobInfo(job, external_jobid=job_id.to_wire(), aux={"job_id": job_id, "name": name})
+        )
+
+    def _rendezvous_root(self) -> str:
+        if self.settings.rendezvous_root:
+            return self.settings.rendezvous_root
+        storage = self.workflow.storage_settings
+        if storage.default_storage_provider and storage.default_storage_prefix:
+            return f"{storage.default_storage_prefix.rstrip('/')}/.iris/rendezvous"
+        return str(self.log_dir / "rendezvous")
+
+    def _run_locally(self, job: JobExecutorInterface) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"local-{job.name}-{job.jobid}.log"
+        with open(log, "wb") as handle:
+            process = subprocess.Popen(
+                self.format_job_exec(job), shell=True, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.logger.info(f"Running {job.name} locally (not in --iris-rules), log {log}")
+        self.report_job_submission(
+            SubmittedJobInfo(job, external_jobid=f"local:{process.pid}", aux={"process": process, "log": log})
+        )
+
+    # Status
+
+    async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
+        for info in active_jobs:
+            if "process" in info.aux:
+                code = info.aux["process"].poll()
+                if code is None:
+                    yield info
+                elif code == 0:
+                    self.report_job_success(info)
+                else:
+                    log = info.aux["log"]
+                    self.report_job_error(info, msg=f"local job exited with code {code}; log {log}", aux_logs=[log])
+                continue
+            async with self.status_rate_limiter:
+                state = await asyncio.to_thread(self.iris.state, info.aux["job_id"])
+            result = outcome(state)
+            if result is Outcome.RUNNING:
+                yield info
+            elif result is Outcome.SUCCEEDED:
+                self.report_job_success(info)
+            else:
+                await asyncio.sleep(LOG_LAG_S)
+                async with self.status_rate_limiter:
+                    summary, logs = await asyncio.to_thread(
+                        self.iris.failure_report, info.aux["job_id"], self.settings.log_tail
+                    )
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                path = self.log_dir / f"{info.aux['name']}.log"
+                summary, logs = redact(summary, os.environ), redact(logs, os.environ)
+                path.write_text(f"{summary}\n{logs}\n")
+                self.report_job_error(info, msg=f"{summary}\n{logs}", aux_logs=[str(path)])
+        if self.settings.status_interval is not None:
+            self.next_seconds_between_status_checks = self.settings.status_interval
+
+    # Cancellation
+
+    def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
+        for info in active_jobs:
+            if "process" in info.aux:
+                _kill_group(info.aux["process"])
+            else:
+                self.iris.cancel(info.aux["job_id"])
+                self.logger.info(f"Cancelled Iris job {info.external_jobid}")
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.iris.close()
+
+
+def _names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [n for n in re.split(r"[,\s]+", text) if n]
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)

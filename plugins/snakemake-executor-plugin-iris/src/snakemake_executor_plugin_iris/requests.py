@@ -1,0 +1,160 @@
+"""What a Snakemake job asks of Iris: pure functions from rule resources and settings, testable without Iris."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from snakemake_executor_plugin_iris.errors import IrisSettingError
+
+PRIORITIES = ("production", "interactive", "batch")
+# Forwarded from the submitter when set (Iris tasks do not inherit its environment).
+ENV_ALLOW = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "WANDB_API_KEY",
+    "WANDB_ENTITY",
+    "WANDB_PROJECT",
+    "WANDB_BASE_URL",
+    "WANDB_MODE",
+    "DAYTONA_API_KEY",
+    "DAYTONA_API_URL",
+    "DAYTONA_TARGET",
+)
+ENV_ALLOW_PREFIXES = ("RLBUILD_", "SNAKEMAKE_STORAGE_S3_")
+# The cluster injects its own storage credentials; forwarding these would clobber them.
+ENV_DENY = re.compile(r"^(AWS_|R2_)")
+_SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*([KMGTP]i?B?)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Resources of one Iris job: `replicas` tasks of this size each."""
+
+    replicas: int
+    cpu: float
+    memory: str
+    disk: str
+    gpu_variant: str | None
+    gpus_per_node: int
+    priority: str
+    max_retries: int
+    coschedule: str | None
+
+    @property
+    def is_gang(self) -> bool:
+        return self.gpu_variant is not None or self.replicas > 1
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Plugin settings that apply when a rule does not declare its own `iris_*` resource."""
+
+    cpu: float
+    memory: str
+    disk: str
+    priority: str
+    max_retries: int
+    coschedule: str
+
+
+def _int(resources: Mapping[str, object], key: str, default: int) -> int:
+    value = resources.get(key, default)
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise IrisSettingError(f"resources.{key}", value, "declare an integer") from None
+
+
+def _size(field: str, value: object) -> str:
+    text = str(value)
+    if not _SIZE.match(text):
+        raise IrisSettingError(field, value, "give a size such as '512GB' or '8GiB'")
+    return text.replace(" ", "")
+
+
+def priority(field: str, value: object) -> str:
+    text = str(value).lower()
+    if text not in PRIORITIES:
+        raise IrisSettingError(field, value, f"choose one of {', '.join(PRIORITIES)}")
+    return text
+
+
+def placement(resources: Mapping[str, object], threads: int, defaults: Defaults) -> Placement:
+    """A gang when the rule declares `gpu_nodes` >= 1 with `gpus_per_node` > 0: one whole-node task per node,
+    co-scheduled. Otherwise one task sized from `iris_*` resources, else the job's threads/mem_mb/disk_mb."""
+    nodes = _int(resources, "gpu_nodes", 0)
+    gpus = _int(resources, "gpus_per_node", 0)
+    gang = "gpu_nodes" in resources and nodes >= 1 and gpus > 0
+    if "gpu_nodes" in resources and not gang:
+        raise IrisSettingError(
+            "resources.gpu_nodes/gpus_per_node", (nodes, gpus), "a gang needs gpu_nodes >= 1 and gpus_per_node > 0"
+        )
+    variant = str(resources.get("gpu_variant", "")) if gang else ""
+    if gang and not variant:
+        raise IrisSettingError("resources.gpu_variant", variant, "declare the GPU variant, e.g. 'H100'")
+    if gang:
+        cpu = float(resources.get("iris_cpu", defaults.cpu))  # type: ignore[arg-type]
+        memory = _size("resources.iris_memory", resources.get("iris_memory", defaults.memory))
+        disk = _size("resources.iris_disk", resources.get("iris_disk", defaults.disk))
+    else:
+        cpu = float(resources.get("iris_cpu", max(threads, 1)))  # type: ignore[arg-type]
+        memory = _size("resources.iris_memory", resources.get("iris_memory", f"{resources.get('mem_mb', 1000)}MB"))
+        disk = _size("resources.iris_disk", resources.get("iris_disk", f"{resources.get('disk_mb', 1000)}MB"))
+    retries = _int(resources, "iris_max_retries", defaults.max_retries)
+    if retries < 0:
+        raise IrisSettingError("resources.iris_max_retries", retries, "use 0 or more")
+    return Placement(
+        replicas=nodes if gang else 1,
+        cpu=cpu,
+        memory=memory,
+        disk=disk,
+        # A "cpu" variant (the CPU-only embedded default) is a gang of plain nodes: no device request.
+        gpu_variant=None if not gang or variant.lower() == "cpu" else variant,
+        gpus_per_node=gpus if gang else 0,
+        priority=priority("resources.iris_priority", resources.get("iris_priority", defaults.priority)),
+        max_retries=retries,
+        coschedule=defaults.coschedule if gang and nodes > 1 else None,
+    )
+
+
+def task_env(environ: Mapping[str, str], declared: Mapping[str, str], extra: list[str]) -> dict[str, str]:
+    """The environment handed to Iris: Snakemake's declared variables (storage settings, --envvars), the allow-list
+    and `extra` names, when set. AWS_* / R2_* are refused: the cluster injects its own storage credentials."""
+    for name in [*declared, *extra]:
+        if ENV_DENY.match(name):
+            raise IrisSettingError(
+                "environment variable", name, "do not forward AWS_*/R2_*; the cluster injects storage credentials"
+            )
+    env = {k: v for k, v in environ.items() if k.startswith(ENV_ALLOW_PREFIXES)}
+    env |= {k: environ[k] for k in [*ENV_ALLOW, *extra] if environ.get(k)}
+    env |= {k: v for k, v in declared.items() if v}
+    return env
+
+
+def shell(cwd: str, command: str) -> list[str]:
+    """Iris tasks start in the controller's folder: run the command from the submitter's."""
+    return ["bash", "-c", f"cd {shlex.quote(cwd)} && {command}"]
+
+
+def gang_command(
+    python: str,
+    nodes: int,
+    gang_id: str,
+    step: str,
+    launch: str | None,
+    rendezvous_root: str | None,
+    join_timeout_s: int,
+) -> str:
+    """Every task of the gang runs the bootstrap; rank 0 runs `step` (the Snakemake job) once Ray is up."""
+    argv = [python, "-m", "rlbuild.gang", "--nodes", str(nodes), "--gang-id", gang_id]
+    argv += ["--join-timeout", str(join_timeout_s)]
+    if launch:
+        argv += ["--launch", launch]
+    if rendezvous_root:
+        argv += ["--rendezvous-root", rendezvous_root]
+    return " ".join(shlex.quote(a) for a in [*argv, "--", "bash", "-c", step])

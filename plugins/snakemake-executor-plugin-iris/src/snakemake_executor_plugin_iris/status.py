@@ -1,0 +1,24 @@
+"""Honest status mapping: succeeded is success, every other terminal state is a failure."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from iris.client import JobState
+from iris.resources.state import is_job_finished
+
+
+class Outcome(Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+def outcome(state: JobState) -> Outcome:
+    """SUCCEEDED only for `succeeded`; any other terminal state (failed, killed, worker_failed, unschedulable,
+    or one a later Iris adds) is FAILED; everything else is still RUNNING."""
+    if state is JobState.SUCCEEDED:
+        return Outcome.SUCCEEDED
+    if is_job_finished(state):
+        return Outcome.FAILED
+    return Outcome.RUNNING

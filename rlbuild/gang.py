@@ -1,0 +1,285 @@
+"""The gang bootstrap: every task of an Iris gang runs `python -m rlbuild.gang [options] -- <job step>`.
+
+Rank 0 clears earlier attempts' rendezvous state, starts the Ray head, publishes its address, waits until all
+N nodes have joined (naming the missing ranks on timeout), runs the job step (the Snakemake job that runs the
+trainer) with RAY_ADDRESS set, then writes `done` (or `failed`). Every other rank waits for the address,
+joins Ray, materialises its own inputs and exits 0 on `done`. Any failing rank exits non-zero, and Iris fails
+(or restarts) the whole gang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rlbuild.redact import redact_text
+from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
+
+# Iris allocates one port per name to every task (env IRIS_PORT_<NAME>); several Ray nodes can then share a host.
+RAY_PORT_NAMES = (
+    "ray_gcs",
+    "ray_node_manager",
+    "ray_object_manager",
+    "ray_metrics",
+    "ray_agent_listen",
+    "ray_agent_grpc",
+    "ray_runtime_env",
+    "ray_client",
+)
+RANK_RESOURCE = "rlbuild_rank_{rank}"
+WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
+WORKER_PORTS_PER_RANK = 400
+RAY_STOP_GRACE_S = 10.0
+
+
+def log(message: str) -> None:
+    print(f"[gang {time.strftime('%H:%M:%S')}] {redact_text(message)}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class RayNode:
+    """One `ray start --block` process (head or worker) owned by this task; stopped by handle, never `ray stop`."""
+
+    rank: int
+    host: str
+    ports: dict[str, int]
+    num_cpus: int | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    temp_dir: str = field(default="", init=False)
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.host}:{self.ports['ray_gcs']}"
+
+    def start(self, head_address: str | None) -> None:
+        # Ray's unix sockets need a short path; the task's TMPDIR can be long.
+        self.temp_dir = tempfile.mkdtemp(prefix=f"rlray{self.rank}-", dir="/tmp")
+        low = WORKER_PORT_BASE + self.rank * WORKER_PORTS_PER_RANK
+        argv = [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            f"--node-ip-address={self.host}",
+            f"--node-manager-port={self.ports['ray_node_manager']}",
+            f"--object-manager-port={self.ports['ray_object_manager']}",
+            f"--metrics-export-port={self.ports['ray_metrics']}",
+            f"--dashboard-agent-listen-port={self.ports['ray_agent_listen']}",
+            f"--dashboard-agent-grpc-port={self.ports['ray_agent_grpc']}",
+            f"--runtime-env-agent-port={self.ports['ray_runtime_env']}",
+            f"--min-worker-port={low}",
+            f"--max-worker-port={low + WORKER_PORTS_PER_RANK - 1}",
+            f"--resources={json.dumps({RANK_RESOURCE.format(rank=self.rank): 1})}",
+            f"--temp-dir={self.temp_dir}",
+        ]
+        if self.num_cpus is not None:
+            argv.append(f"--num-cpus={self.num_cpus}")
+        if head_address is None:
+            argv += [
+                "--head",
+                f"--port={self.ports['ray_gcs']}",
+                f"--ray-client-server-port={self.ports['ray_client']}",
+                "--include-dashboard=false",
+            ]
+        else:
+            argv.append(f"--address={head_address}")
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.process = subprocess.Popen(argv, env=env, stdout=sys.stderr, stderr=sys.stderr)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(RAY_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()  # its Ray daemons share its fate (PDEATHSIG)
+                self.process.wait()
+        self.process = None
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, node: RayNode) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not node.running():
+            raise RendezvousError(f"the Ray head exited before it listened on {host}:{port}; see the log above")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RendezvousError(f"the Ray head did not listen on {host}:{port} within {timeout_s:.0f}s")
+
+
+def wait_for_nodes(address: str, nodes: int, timeout_s: float, alive_ranks: Callable[[], set[int]]) -> float:
+    """Rank 0: block until Ray reports `nodes` alive nodes; return the seconds it took."""
+    import ray
+
+    start = time.monotonic()
+    ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=False)
+    try:
+        while True:
+            joined = set()
+            for node in ray.nodes():
+                if node.get("Alive"):
+                    joined |= {
+                        int(k.rsplit("_", 1)[-1]) for k in node.get("Resources", {}) if k.startswith("rlbuild_rank_")
+                    }
+            if len(joined) >= nodes:
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout_s:
+                missing = sorted(set(range(nodes)) - joined)
+                raise RendezvousError(
+                    f"only {len(joined)} of {nodes} nodes joined Ray at {address} within {timeout_s:.0f}s; "
+                    f"missing ranks: {missing} (ranks that wrote an alive marker: {sorted(alive_ranks())}). "
+                    "Check those tasks' logs; raise --join-timeout if nodes are slow to start."
+                )
+            time.sleep(0.2)
+    finally:
+        ray.shutdown()
+
+
+def materialise(launch: str | None, cache_dir: Path) -> None:
+    if not launch:
+        return
+    from rlbuild.staging import materialise_inputs
+
+    started = time.monotonic()
+    paths = materialise_inputs(launch, cache_dir)
+    log(
+        f"materialised inputs of {launch} into {cache_dir} in {time.monotonic() - started:.1f}s: model {paths['model']}"
+    )
+
+
+def launch_rendezvous_dir(launch: str) -> str:
+    from rlbuild.staging import filesystem
+
+    fs, path = filesystem(launch)
+    with fs.open(path, "r") as handle:
+        doc = yaml.safe_load(handle)
+    try:
+        return str(doc["ray"]["rendezvous_dir"])
+    except (KeyError, TypeError):
+        raise RendezvousError(f"{launch} has no ray.rendezvous_dir; regenerate it with resolve_launch") from None
+
+
+def task_ports(environ: dict[str, str]) -> dict[str, int]:
+    ports = {}
+    for name in RAY_PORT_NAMES:
+        value = environ.get(f"IRIS_PORT_{name.upper()}")
+        if not value or not value.isdigit() or value == "0":
+            raise RendezvousError(
+                f"IRIS_PORT_{name.upper()} is not set; submit the gang with ports={list(RAY_PORT_NAMES)}"
+            )
+        ports[name] = int(value)
+    return ports
+
+
+def run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command: Sequence[str]) -> int:
+    try:
+        return _run_rank0(args, rdv, node, command)
+    except RendezvousError as error:
+        rdv.mark_failed(str(error))
+        raise
+
+
+def _run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command: Sequence[str]) -> int:
+    gang_start = time.monotonic()
+    removed = rdv.clear_stale()
+    if removed:
+        log(f"cleared {len(removed)} stale rendezvous folder(s) of earlier attempts")
+    node.start(head_address=None)
+    wait_for_port(node.host, node.ports["ray_gcs"], args.join_timeout, node)
+    rdv.publish_head(node.gcs_address, rank=0, nodes=args.nodes)
+    rdv.mark_alive(0)
+    log(f"Ray head at {node.gcs_address}; waiting for {args.nodes} node(s)")
+    wait_for_nodes(node.gcs_address, args.nodes, args.join_timeout, rdv.alive_ranks)
+    log(f"Ray nodes alive: {args.nodes}/{args.nodes} after {time.monotonic() - gang_start:.1f}s since gang start")
+    if not command:
+        rdv.mark_done()
+        return 0
+    env = {**os.environ, "RAY_ADDRESS": node.gcs_address}
+    code = subprocess.call(list(command), env=env)
+    if code == 0:
+        rdv.mark_done()
+    else:
+        rdv.mark_failed(f"rank 0's job step exited with code {code}")
+    return code
+
+
+def run_worker(args: argparse.Namespace, rdv: Rendezvous, node: RayNode) -> int:
+    head = rdv.wait_head(args.join_timeout)
+    node.start(head_address=head["address"])
+    rdv.mark_alive(node.rank)
+    log(f"rank {node.rank} joining Ray at {head['address']}")
+    materialise(args.launch, args.cache_dir)
+    ok, reason = rdv.wait_outcome(node.running)
+    if ok:
+        log(f"rank {node.rank}: rank 0 finished; leaving")
+        return 0
+    log(f"rank {node.rank}: {reason}")
+    return 1
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="python -m rlbuild.gang", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, required=True, help="gang size (Iris replicas)")
+    parser.add_argument(
+        "--rendezvous-root",
+        help="folder or s3:// URI holding per-job folders (default: the launch's ray.rendezvous_dir)",
+    )
+    parser.add_argument("--gang-id", required=True, help="fixed at submission; separates re-used job names")
+    parser.add_argument("--launch", help="launch document (path or s3:// URI): workers materialise its inputs")
+    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "rlbuild-inputs")
+    parser.add_argument("--join-timeout", type=float, default=1800.0, help="seconds for head and nodes to come up")
+    parser.add_argument("--num-cpus", type=int, help="CPUs each Ray node advertises (default: detected)")
+    parser.add_argument("--poll", type=float, default=0.5, help="seconds between rendezvous polls")
+    args = parser.parse_args(own)
+    if args.nodes < 1:
+        parser.error(f"--nodes must be >= 1, got {args.nodes}")
+    if not args.rendezvous_root and not args.launch:
+        parser.error("give --rendezvous-root, or --launch whose ray.rendezvous_dir says where to rendezvous")
+    return args, command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        task = TaskIdentity.parse(os.environ.get("IRIS_TASK_ID", ""))
+        root = args.rendezvous_root or launch_rendezvous_dir(args.launch)
+        rdv = Rendezvous(root, task.job, args.gang_id, task.attempt, poll_s=args.poll)
+        host = os.environ.get("IRIS_ADVERTISE_HOST") or socket.gethostbyname(socket.gethostname())
+        node = RayNode(rank=task.rank, host=host, ports=task_ports(dict(os.environ)), num_cpus=args.num_cpus)
+        log(f"rank {task.rank}/{args.nodes} attempt {task.attempt} of {task.job}; rendezvous {rdv.uri}")
+        try:
+            if task.rank == 0:
+                return run_rank0(args, rdv, node, command)
+            return run_worker(args, rdv, node)
+        finally:
+            node.stop()
+    except RendezvousError as error:
+        log(f"error: {error}")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,141 @@
+"""The gang's rendezvous folder in artifact storage (a local folder or s3://), one per job and attempt.
+
+Layout under `<root>/<job>/<gang id>/attempt-<n>/`:
+  head.json         rank 0's Ray address, written once Ray's head is up
+  alive/<rank>      a rank has joined Ray
+  done              rank 0's job step succeeded: workers exit 0
+  failed            rank 0's job step failed (the text says how): workers exit non-zero
+
+`<job>` is the Iris job name, `<gang id>` is fixed at submission (a re-used job name never sees an older
+submission's files) and `<n>` is Iris's attempt: a restarted gang rendezvouses in a fresh folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlbuild.errors import RlbuildError
+from rlbuild.staging import filesystem
+
+
+class RendezvousError(RlbuildError):
+    """The gang could not assemble: a rank did not arrive in time, or rank 0 reported a failure."""
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Which task of the gang this process is, from Iris's `IRIS_TASK_ID` (`/user/job/<index>:<attempt>`)."""
+
+    job: str
+    rank: int
+    attempt: int
+
+    @classmethod
+    def parse(cls, task_id: str) -> TaskIdentity:
+        job, sep, tail = task_id.rpartition("/")
+        index, colon, attempt = tail.partition(":")
+        if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
+            raise RendezvousError(
+                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
+                "run the bootstrap as an Iris task, or pass --rank/--attempt explicitly"
+            )
+        return cls(job=job, rank=int(index), attempt=int(attempt or 0))
+
+
+class Rendezvous:
+    """One attempt's rendezvous folder. Every write is a whole small object (atomic on S3 and locally)."""
+
+    def __init__(self, root: str, job: str, gang_id: str, attempt: int, poll_s: float = 0.5) -> None:
+        self.job_root = f"{root.rstrip('/')}/{_safe(job)}"
+        self.uri = f"{self.job_root}/{_safe(gang_id)}/attempt-{attempt}"
+        self.poll_s = poll_s
+        self.fs, self.path = filesystem(self.uri)
+        self._job_path = filesystem(self.job_root)[1]
+
+    def clear_stale(self) -> list[str]:
+        """Rank 0: remove every earlier submission's and attempt's folder of this job; keep this attempt's."""
+        removed = []
+        gang_path = self.path.rsplit("/", 1)[0]
+        for entry in self._list(self._job_path):
+            stale = [a for a in self._list(entry) if a != self.path] if entry == gang_path else [entry]
+            for path in stale:
+                self.fs.rm(path, recursive=True)
+                removed.append(path)
+        return removed
+
+    def publish_head(self, address: str, **extra: Any) -> None:
+        self._write("head.json", json.dumps({"address": address, **extra}))
+
+    def wait_head(self, timeout_s: float) -> dict[str, Any]:
+        text = self._wait_for("head.json", timeout_s, "rank 0 to publish the Ray head address")
+        return json.loads(text)
+
+    def mark_alive(self, rank: int) -> None:
+        self._write(f"alive/{rank}", str(time.time()))
+
+    def alive_ranks(self) -> set[int]:
+        return {int(p.rsplit("/", 1)[-1]) for p in self._list(f"{self.path}/alive") if p.rsplit("/", 1)[-1].isdigit()}
+
+    def mark_done(self) -> None:
+        self._write("done", str(time.time()))
+
+    def mark_failed(self, reason: str) -> None:
+        self._write("failed", reason)
+
+    def outcome(self) -> tuple[bool, str] | None:
+        """(True, "") once rank 0 succeeded, (False, reason) once it failed, None while it runs."""
+        if self.fs.exists(f"{self.path}/done"):
+            return True, ""
+        failed = self._read("failed")
+        return None if failed is None else (False, failed)
+
+    def wait_outcome(self, still_running: Callable[[], bool]) -> tuple[bool, str]:
+        """Wait for rank 0's outcome while `still_running()` holds (this node's Ray is up)."""
+        while True:
+            outcome = self.outcome()
+            if outcome is not None:
+                return outcome
+            if not still_running():
+                return False, "this node's Ray process exited before rank 0 finished (the head is gone?)"
+            time.sleep(self.poll_s)
+
+    def _wait_for(self, name: str, timeout_s: float, what: str) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self._read(name)
+            if text is not None:
+                return text
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"timed out after {timeout_s:.0f}s waiting for {what} at {self.uri}/{name}")
+            time.sleep(self.poll_s)
+
+    def _write(self, name: str, text: str) -> None:
+        path = f"{self.path}/{name}"
+        if self.fs.protocol in ("file", ("file", "local")):
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            tmp = f"{path}.tmp"
+            self.fs.pipe_file(tmp, text.encode())
+            self.fs.mv(tmp, path)
+        else:
+            self.fs.pipe_file(path, text.encode())
+
+    def _read(self, name: str) -> str | None:
+        try:
+            return self.fs.cat_file(f"{self.path}/{name}").decode()
+        except FileNotFoundError:
+            return None
+
+    def _list(self, path: str) -> list[str]:
+        try:
+            return [p.rstrip("/") for p in self.fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return []
+
+
+def _safe(part: str) -> str:
+    """A path component from a job name or id (Iris names are `/user/job`)."""
+    return part.strip("/").replace("/", ".") or "_"
