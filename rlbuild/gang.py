@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,6 +113,7 @@ class RayNode:
                 self.process.kill()  # its Ray daemons share its fate (PDEATHSIG)
                 self.process.wait()
         self.process = None
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, node: RayNode) -> None:

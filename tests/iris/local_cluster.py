@@ -3,17 +3,86 @@
 `python tests/iris/local_cluster.py --workers N --cpu-workers M --address-file F` starts a controller with
 N fake H100x8 workers (one scale group, `pool: h100`, `leafgroup: h100-lg0`) plus M CPU workers
 (`pool: cpu`), writes the controller URL to F when ready, and serves until SIGTERM/SIGINT.
-Tasks inherit this process's cwd and environment: start it with the environment the tasks need.
+Tasks inherit this process's cwd and environment: `LocalIris` starts it with an isolated HOME and TMPDIR.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 20
+
+
+class LocalIris:
+    """Start/stop the cluster process by handle; its HOME/TMPDIR live under `base` and go away with it."""
+
+    def __init__(self, base: Path, workers: int = 2, cpu_workers: int = 1, env: dict[str, str] | None = None) -> None:
+        self.base = base
+        self.workers, self.cpu_workers = workers, cpu_workers
+        self.extra_env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        for name in ("home", "tmp"):
+            (self.base / name).mkdir(parents=True, exist_ok=True)
+        address = self.base / "controller.url"
+        env = {
+            **os.environ,
+            "HOME": str(self.base / "home"),
+            "TMPDIR": str(self.base / "tmp"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            **self.extra_env,
+        }
+        argv = [sys.executable, __file__, "--workers", str(self.workers), "--cpu-workers", str(self.cpu_workers)]
+        self.log = open(self.base / "controller.log", "wb")  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(
+            [*argv, "--address-file", str(address)], cwd=self.base, env=env, stdout=self.log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not address.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = (self.base / "controller.log").read_text()[-3000:]
+                raise RuntimeError(f"local Iris controller did not start:\n{tail}")
+            time.sleep(0.2)
+        self.url = address.read_text().strip()
+        return self.url
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        self.log.close()
+        shutil.rmtree(self.base / "tmp", ignore_errors=True)
+
+    def __enter__(self) -> LocalIris:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
 
 LEAFGROUP = "h100-lg0"
 

@@ -1,0 +1,128 @@
+"""Fixtures: one real local Iris cluster (fake H100x8 workers sharing a `leafgroup`, plus a CPU pool) and one
+loopback S3 server (moto) per test session; helpers to run `snakemake` against them as a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import S3Server
+from tests.iris.local_cluster import REPO, LocalIris
+
+WORKFLOW = Path(__file__).parent / "workflow"
+GPU_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class S3:
+    server: S3Server
+    bucket: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.server.env()
+
+    def read(self, key: str) -> str:
+        import boto3
+
+        env = self.env
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.server.endpoint,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env["AWS_DEFAULT_REGION"],
+        )
+        return client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server) -> S3:
+    return S3(s3_server, s3_server.new_bucket())
+
+
+@pytest.fixture(scope="session")
+def iris(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalIris]:
+    with LocalIris(tmp_path_factory.mktemp("iris"), workers=GPU_WORKERS, cpu_workers=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def iris_client(iris: LocalIris):
+    from iris.client import IrisClient
+
+    client = IrisClient.remote(iris.url)
+    yield client
+    client.shutdown()
+
+
+def snakemake_env(iris: LocalIris, home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "HOME": str(home),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "SNAKEMAKE_IRIS_CONTROLLER_URL": iris.url,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **(extra or {}),
+    }
+
+
+def fast_flags(*, cpu_pool: bool = True) -> list[str]:
+    flags = ["--seconds-between-status-checks", "1", "--iris-status-interval", "1", "--iris-join-timeout", "120"]
+    return [*flags, "--iris-cpu-pool", "cpu"] if cpu_pool else flags
+
+
+def workflow_copy(tmp_path: Path) -> Path:
+    workdir = tmp_path / "wf"
+    workdir.mkdir()
+    (workdir / "Snakefile").write_text((WORKFLOW / "Snakefile").read_text())
+    return workdir
+
+
+def start_snakemake(argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`snakemake ...` in its own session with SIGINT at its default (so a test can Ctrl-C it)."""
+    with open(log, "wb") as handle:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "snakemake"), *argv],
+            cwd=cwd,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+
+
+def run_snakemake(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
+    log = cwd / f"snakemake-{uuid.uuid4().hex[:6]}.log"
+    process = start_snakemake(argv, cwd, env, log)
+    try:
+        code = process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+        raise
+    return code, log.read_text()
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+__all__ = ["REPO", "S3", "fast_flags", "run_snakemake", "snakemake_env", "start_snakemake", "wait_for", "workflow_copy"]

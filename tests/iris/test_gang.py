@@ -1,0 +1,153 @@
+"""The executor against a real local Iris cluster: gangs bring up Ray across their nodes and run the job step;
+failures, Ctrl-C, restarts of Snakemake and killed tasks behave as the contract says."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.iris.conftest import (
+    REPO,
+    S3,
+    fast_flags,
+    run_snakemake,
+    snakemake_env,
+    start_snakemake,
+    wait_for,
+    workflow_copy,
+)
+from tests.iris.local_cluster import LocalIris
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+SUBMITTED = re.compile(r"Submitted gang to Iris as 2-node gang (\S+)")
+
+
+def job_state(client, wire: str) -> str:
+    from iris.cluster.types import JobName
+
+    return client.job_state(JobName.from_wire(wire)).value
+
+
+def submitted_job(log: Path) -> str | None:
+    match = SUBMITTED.search(log.read_text()) if log.exists() else None
+    return match.group(1) if match else None
+
+
+def task_pids(job: str, rank: int) -> list[int]:
+    """PIDs of this gang task's bootstrap (read from /proc: the processes our own cluster started)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"rlbuild.gang" in cmdline and f"IRIS_TASK_ID={job}/{rank}:0".encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+def test_two_node_gang_runs_with_local_storage(iris: LocalIris, tmp_path: Path) -> None:
+    workdir = workflow_copy(tmp_path)
+    code, out = run_snakemake(
+        ["--executor", "iris", "--jobs", "2", *fast_flags()], workdir, snakemake_env(iris, tmp_path / "home"), 240
+    )
+    assert code == 0, out
+    assert (workdir / "out" / "gang.txt").read_text() == "2\n"  # the job step saw both nodes in Ray
+    assert "Submitted prepare to Iris" in out
+
+
+def test_profile_runs_a_gang_with_s3_storage_as_typed_from_the_repo_root(
+    iris: LocalIris, s3: S3, tmp_path: Path
+) -> None:
+    workdir = workflow_copy(tmp_path)
+    env = snakemake_env(iris, tmp_path / "home", {**s3.env, "RLBUILD_BUCKET": s3.bucket, "RLBUILD_PREFIX": "p"})
+    argv = ["--profile", "iris", "--snakefile", str(workdir / "Snakefile"), "--directory", str(workdir)]
+    code, out = run_snakemake([*argv, *fast_flags()], REPO, env, 240)
+    assert code == 0, out
+    assert s3.read("p/out/gang.txt") == "2\n"
+    assert "Running prepare locally" in out  # the profile keeps small CPU rules beside Snakemake
+    logs = "".join(p.read_text() for p in (workdir / ".snakemake").rglob("*.log"))
+    assert s3.env["SNAKEMAKE_STORAGE_S3_SECRET_KEY"] not in out + logs
+
+
+def test_impossible_gang_fails_with_a_clear_message_within_the_scheduling_timeout(
+    iris: LocalIris, tmp_path: Path
+) -> None:
+    workdir = workflow_copy(tmp_path)
+    argv = ["--executor", "iris", "--jobs", "2", *fast_flags(), "--iris-scheduling-timeout", "5"]
+    started = time.monotonic()
+    code, out = run_snakemake([*argv, "--config", "nodes=3"], workdir, snakemake_env(iris, tmp_path / "home"), 120)
+    assert code != 0
+    assert time.monotonic() - started < 90
+    assert re.search(r"Iris job /\S+/gang-\S+ ended unschedulable", out), out
+    assert "Scheduling timeout exceeded" in out
+
+
+def test_ctrl_c_cancels_the_iris_job(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+    workdir = workflow_copy(tmp_path)
+    log = tmp_path / "snakemake.log"
+    argv = ["--executor", "iris", "--jobs", "2", *fast_flags(), "--config", "sleep=120"]
+    process = start_snakemake(argv, workdir, snakemake_env(iris, tmp_path / "home"), log)
+    try:
+        job = wait_for(lambda: submitted_job(log), 120, "the gang's submission")
+        wait_for(lambda: job_state(iris_client, job) == "running", 60, "the gang to run")
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    wait_for(lambda: job_state(iris_client, job) == "killed", 20, f"{job} to be killed")
+    assert "Cancelled Iris job" in log.read_text()
+
+
+def test_restarted_snakemake_adopts_the_job_it_submitted(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+    workdir = workflow_copy(tmp_path)
+    env = snakemake_env(iris, tmp_path / "home")
+    argv = ["--executor", "iris", "--jobs", "2", *fast_flags(), "--config", "sleep=25"]
+    first = start_snakemake(argv, workdir, env, tmp_path / "first.log")
+    job = wait_for(lambda: submitted_job(tmp_path / "first.log"), 120, "the gang's submission")
+    wait_for(lambda: job_state(iris_client, job) == "running", 60, "the gang to run")
+    os.killpg(first.pid, signal.SIGKILL)  # Snakemake dies without cancelling; the gang keeps running
+    first.wait()
+    assert run_snakemake(["--unlock"], workdir, env, 60)[0] == 0
+    code, out = run_snakemake([*argv, "--rerun-incomplete"], workdir, env, 240)
+    assert code == 0, out
+    assert f"Found Iris 2-node gang {job} submitted earlier" in out
+    assert "Submitted gang" not in out
+    assert (workdir / "out" / "gang.txt").read_text() == "2\n"
+
+
+def test_a_killed_task_restarts_the_whole_gang(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+    from iris.cluster.types import JobName
+
+    workdir = workflow_copy(tmp_path)
+    log = tmp_path / "snakemake.log"
+    argv = ["--executor", "iris", "--jobs", "2", *fast_flags(), "--config", "sleep=20", "max_retries=1"]
+    process = start_snakemake(argv, workdir, snakemake_env(iris, tmp_path / "home"), log)
+    try:
+        job = wait_for(lambda: submitted_job(log), 120, "the gang's submission")
+        pids = wait_for(lambda: task_pids(job, 1), 60, "rank 1's bootstrap")
+        wait_for(lambda: "Ray nodes alive: 2/2" in _logs(iris_client, job), 90, "the gang's Ray to assemble")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert process.wait(240) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    status = iris_client.job_status(JobName.from_wire(job))
+    assert status.failure_count >= 1
+    assert (workdir / "out" / "gang.txt").read_text() == "2\n"
+
+
+def _logs(client, job: str) -> str:
+    from iris.cluster.types import JobName
+
+    return "\n".join(entry.data for entry in client.job(JobName.from_wire(job)).logs())

@@ -1,0 +1,127 @@
+"""The pure parts: names, placements, the environment hand-off, state mapping, task identity, rendezvous."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from iris.client import JobState
+from snakemake_executor_plugin_iris.errors import IrisSettingError
+from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
+from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
+from snakemake_executor_plugin_iris.status import Outcome, outcome
+
+from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
+
+DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
+GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
+
+
+def test_job_name_is_sanitised_deterministic_and_says_rule_version_attempt() -> None:
+    name = job_name("train", {"version": "2026.09.21"}, 2, ["s3://b/p/train/v2026.09.21/terminal.json"])
+    assert name.startswith("train-2026.09.21-a2-")
+    assert name == job_name("train", {"version": "2026.09.21"}, 2, ["s3://b/p/train/v2026.09.21/terminal.json"])
+    assert name != job_name("train", {"version": "2026.09.21"}, 2, ["s3://b/other/train/v2026.09.21/terminal.json"])
+    long = job_name("Rule/With Spaces", {"v": "x" * 200}, 1, ["o"])
+    assert len(long) <= MAX_NAME and "/" not in long and " " not in long
+    assert sanitise("A/b c__d") == "a-b-c__d"
+
+
+def test_gang_placement_is_whole_nodes_with_rule_overrides() -> None:
+    place = placement({**GANG, "iris_memory": "256GB", "iris_priority": "production"}, 1, DEFAULTS)
+    assert (place.replicas, place.gpu_variant, place.gpus_per_node) == (2, "H100", 8)
+    assert (place.cpu, place.memory, place.disk) == (48, "256GB", "500GB")
+    assert (place.priority, place.max_retries, place.coschedule, place.is_gang) == ("production", 1, "leafgroup", True)
+    single = placement({**GANG, "gpu_nodes": 1}, 1, DEFAULTS)
+    assert single.coschedule is None and single.is_gang
+    cpu_gang = placement({**GANG, "gpu_variant": "cpu"}, 1, DEFAULTS)
+    assert cpu_gang.gpu_variant is None and cpu_gang.replicas == 2
+
+
+def test_cpu_placement_uses_threads_and_snakemake_memory() -> None:
+    place = placement({"mem_mb": 2000, "disk_mb": 5000}, 3, DEFAULTS)
+    assert (place.replicas, place.cpu, place.memory, place.disk, place.is_gang) == (1, 3, "2000MB", "5000MB", False)
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        ({**GANG, "gpu_nodes": 0}, "gpu_nodes"),
+        ({"gpu_nodes": 2, "gpus_per_node": 8}, "gpu_variant"),
+        ({**GANG, "iris_priority": "urgent"}, "iris_priority"),
+        ({**GANG, "iris_memory": "lots"}, "iris_memory"),
+        ({**GANG, "iris_max_retries": -1}, "iris_max_retries"),
+    ],
+)
+def test_bad_resources_name_the_field(resources: dict[str, object], field: str) -> None:
+    with pytest.raises(IrisSettingError, match=field):
+        placement(resources, 1, DEFAULTS)
+
+
+def test_env_hand_off_is_an_allow_list_without_cloud_credentials() -> None:
+    environ = {
+        "HF_TOKEN": "hf_abcdefgh",
+        "WANDB_API_KEY": "w" * 40,
+        "AWS_SECRET_ACCESS_KEY": "nope",
+        "R2_TOKEN": "nope",
+        "HOME": "/root",
+        "RLBUILD_BUCKET": "b",
+        "MY_FLAG": "1",
+    }
+    declared = {"SNAKEMAKE_STORAGE_S3_SECRET_KEY": "s3secret"}
+    env = task_env(environ, declared, ["MY_FLAG"])
+    assert env == {
+        "HF_TOKEN": "hf_abcdefgh",
+        "WANDB_API_KEY": "w" * 40,
+        "RLBUILD_BUCKET": "b",
+        "MY_FLAG": "1",
+        "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "s3secret",
+    }
+    with pytest.raises(IrisSettingError, match="AWS_ACCESS_KEY_ID"):
+        task_env(environ, declared, ["AWS_ACCESS_KEY_ID"])
+
+
+def test_gang_command_runs_the_step_on_rank_zero_only_through_the_bootstrap() -> None:
+    command = gang_command("/venv/bin/python", 2, "g1", "python -m snakemake --x 'a b'", "s3://b/launch.yaml", None, 60)
+    assert command.startswith("/venv/bin/python -m rlbuild.gang --nodes 2 --gang-id g1 --join-timeout 60")
+    assert "--launch s3://b/launch.yaml" in command
+    assert command.endswith("-- bash -c 'python -m snakemake --x '\"'\"'a b'\"'\"''")
+
+
+def test_every_terminal_state_but_success_is_a_failure() -> None:
+    assert outcome(JobState.SUCCEEDED) is Outcome.SUCCEEDED
+    for state in (JobState.FAILED, JobState.KILLED, JobState.WORKER_FAILED, JobState.UNSCHEDULABLE):
+        assert outcome(state) is Outcome.FAILED
+    for state in (JobState.PENDING, JobState.BUILDING, JobState.RUNNING):
+        assert outcome(state) is Outcome.RUNNING
+
+
+def test_task_identity_comes_from_iris_task_id() -> None:
+    assert TaskIdentity.parse("/root/train-x-a1-abc/3:2") == TaskIdentity("/root/train-x-a1-abc", 3, 2)
+    assert TaskIdentity.parse("/root/job/0") == TaskIdentity("/root/job", 0, 0)
+    with pytest.raises(RendezvousError, match="IRIS_TASK_ID"):
+        TaskIdentity.parse("7")
+
+
+def test_rendezvous_clears_stale_attempts_and_reports_outcomes(tmp_path: Path) -> None:
+    old = Rendezvous(str(tmp_path), "/root/job", "gang1", 0, poll_s=0.01)
+    old.publish_head("10.0.0.1:1")
+    earlier = Rendezvous(str(tmp_path), "/root/job", "gang0", 0)
+    earlier.mark_done()
+    rdv = Rendezvous(str(tmp_path), "/root/job", "gang1", 1, poll_s=0.01)
+    rdv.mark_alive(1)
+    removed = rdv.clear_stale()
+    assert sorted(Path(p).name for p in removed) == ["attempt-0", "gang0"]
+    assert rdv.alive_ranks() == {1}
+    with pytest.raises(RendezvousError, match="rank 0 to publish"):
+        rdv.wait_head(0.05)
+    rdv.publish_head("10.0.0.2:6379", rank=0)
+    assert rdv.wait_head(1)["address"] == "10.0.0.2:6379"
+    assert rdv.wait_outcome(lambda: False) == (
+        False,
+        "this node's Ray process exited before rank 0 finished (the head is gone?)",
+    )
+    rdv.mark_failed("rank 0's job step exited with code 3")
+    assert rdv.wait_outcome(lambda: True) == (False, "rank 0's job step exited with code 3")
+    rdv.mark_done()
+    assert rdv.outcome() == (True, "")
