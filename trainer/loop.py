@@ -246,9 +246,8 @@ def _train(
         )
         return float(result["accuracy"])
 
-    initial_accuracy = held_out_accuracy() if step == 0 and t["eval_before_train"] else None
-    if initial_accuracy is not None:
-        metrics.log(0, {"eval_accuracy": initial_accuracy}, max_steps)
+    if step == 0 and t["eval_before_train"]:
+        metrics.log(0, {"eval_accuracy": held_out_accuracy()}, max_steps)
     last_saved = step if resume else None
     while step < max_steps:
         step += 1
@@ -301,18 +300,22 @@ def _train(
     if last_saved != step:
         raise TrainError(f"internal: final step {step} was not checkpointed")
     metrics.close()
-    return write_terminal(launch, manager, step, metrics.records(), initial_accuracy, terminal_uri)
+    return write_terminal(launch, manager, step, metrics.records(), terminal_uri)
 
 
-def summarise(records: list[dict[str, Any]], initial_accuracy: float | None) -> dict[str, Any]:
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The terminal manifest's metrics: held-out accuracy before/after, and the last 10 steps' averages."""
     steps = [r for r in records if r["step"] > 0 and "reward_mean" in r]
     tail = steps[-10:]
-    evals = [r["eval_accuracy"] for r in records if r.get("eval_accuracy") is not None]
-    mean = lambda key, rows: sum(r[key] for r in rows) / len(rows) if rows else None  # noqa: E731
+    evals = [r for r in records if r.get("eval_accuracy") is not None]
+
+    def mean(key: str, rows: list[dict[str, Any]]) -> float | None:
+        return sum(r[key] for r in rows) / len(rows) if rows else None
+
     return {
         "steps_logged": len(steps),
-        "initial_eval_accuracy": initial_accuracy,
-        "final_eval_accuracy": evals[-1] if evals else None,
+        "initial_eval_accuracy": evals[0]["eval_accuracy"] if evals and evals[0]["step"] == 0 else None,
+        "final_eval_accuracy": evals[-1]["eval_accuracy"] if evals else None,
         "final_reward_mean": mean("reward_mean", tail),
         "final_frac_correct": mean("frac_correct", tail),
         "final_kl": mean("kl", tail),
@@ -326,7 +329,6 @@ def write_terminal(
     manager: CheckpointManager,
     step: int,
     records: list[dict[str, Any]],
-    initial_accuracy: float | None,
     terminal_uri: str,
 ) -> dict[str, Any]:
     """terminal.json, written once and last: the terminal checkpoint's policy/ folder is the HF export."""
@@ -337,7 +339,7 @@ def write_terminal(
         "hf_path": storage.join(checkpoint, "policy"),
         "export_path": launch.document["artifacts"].get("export_root"),
         "runtime_source_digest": manager.runtime_digest,
-        "metrics": summarise(records, initial_accuracy),
+        "metrics": summarise(records),
     }
     if storage.exists(terminal_uri):
         raise TrainError(f"terminal manifest {terminal_uri} appeared during training; refusing to overwrite it")

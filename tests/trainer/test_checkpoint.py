@@ -55,7 +55,7 @@ def test_resume_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"resume_path='/x/step3'"):
         manager.resolve("from_path", "/x/step3")
     (tmp_path / "global_step_3").mkdir()
-    with pytest.raises(CheckpointError, match="no trainer_state.json"):
+    with pytest.raises(CheckpointError, match=r"no trainer_state\.json"):
         manager.resolve("from_path", str(tmp_path / "global_step_3"))
     (tmp_path / "latest").write_text("three")
     with pytest.raises(CheckpointError, match="not a step number"):
