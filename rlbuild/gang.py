@@ -10,6 +10,7 @@ joins Ray, materialises its own inputs and exits 0 on `done`. Any failing rank e
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -43,6 +44,7 @@ RANK_RESOURCE = "rlbuild_rank_{rank}"
 WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
 WORKER_PORTS_PER_RANK = 400
 RAY_STOP_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1
 
 
 def log(message: str) -> None:
@@ -97,7 +99,7 @@ class RayNode:
         else:
             argv.append(f"--address={head_address}")
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        self.process = subprocess.Popen(argv, env=env, stdout=sys.stderr, stderr=sys.stderr)
+        self.process = subprocess.Popen(argv, env=env, stdout=sys.stderr, stderr=sys.stderr, preexec_fn=die_with_parent)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -114,6 +116,13 @@ class RayNode:
                 self.process.wait()
         self.process = None
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGKILL it when this bootstrap dies, so a killed rank never leaves its Ray node
+    running (Iris would not see the task end while the node holds its output open). Linux only."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, node: RayNode) -> None:

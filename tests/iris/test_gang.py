@@ -136,8 +136,7 @@ def test_a_killed_task_restarts_the_whole_gang(iris: LocalIris, iris_client, tmp
         job = wait_for(lambda: submitted_job(log), 120, "the gang's submission")
         pids = wait_for(lambda: task_pids(job, 1), 60, "rank 1's bootstrap")
         wait_for(lambda: "Ray nodes alive: 2/2" in _logs(iris_client, job), 90, "the gang's Ray to assemble")
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+        os.killpg(os.getpgid(pids[0]), signal.SIGKILL)  # the task's whole process group, as when a node is lost
         assert process.wait(240) == 0, log.read_text()
     finally:
         if process.poll() is None:
