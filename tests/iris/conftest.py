@@ -104,7 +104,7 @@ def start_snakemake(argv: list[str], cwd: Path, env: dict[str, str], log: Path) 
 
 
 def run_snakemake(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
-    log = cwd / f"snakemake-{uuid.uuid4().hex[:6]}.log"
+    log = Path(env["HOME"]) / f"snakemake-{uuid.uuid4().hex[:6]}.log"
     process = start_snakemake(argv, cwd, env, log)
     try:
         code = process.wait(timeout)

@@ -125,3 +125,11 @@ def test_rendezvous_clears_stale_attempts_and_reports_outcomes(tmp_path: Path) -
     assert rdv.wait_outcome(lambda: True) == (False, "rank 0's job step exited with code 3")
     rdv.mark_done()
     assert rdv.outcome() == (True, "")
+
+
+def test_the_plugin_requests_the_ports_the_bootstrap_reads() -> None:
+    from snakemake_executor_plugin_iris.executor import RAY_PORTS
+
+    from rlbuild.gang import RAY_PORT_NAMES
+
+    assert tuple(RAY_PORTS) == RAY_PORT_NAMES
