@@ -127,82 +127,92 @@ class PolicyWorker:
 
     def train_step(self, shard: dict[str, torch.Tensor], minis: int, micro: int) -> dict[str, float]:
         """One global step on this rank's shard: `minis` optimizer steps (x update epochs) of micro-batches."""
-        algorithm = self.recipe["trainer"]["algorithm"]
+        trainer = self.recipe["trainer"]
+        epochs = int(trainer["update_epochs_per_batch"])
         temperature = float(self.recipe["generator"]["sampling_params"]["temperature"])
         shard = {k: v.to(self.device) for k, v in shard.items()}
         rows = shard["input_ids"].shape[0]
         per_mini = rows // minis
         mask = shard["completion_mask"]
-        chunks = [slice(i, i + micro) for i in range(0, rows, micro)]
+        forward_rows = int(trainer["micro_forward_batch_size_per_gpu"])
+        chunks = [slice(i, i + forward_rows) for i in range(0, rows, forward_rows)]
+        self.model.eval()
         with torch.no_grad():
-            self.model.eval()
-            old = torch.cat([forward_logprobs(self.model, _take(shard, s), temperature, False)[0] for s in chunks])
             ref = None
             if self.ref is not None:
                 ref = torch.cat([forward_logprobs(self.ref, _take(shard, s), temperature, False)[0] for s in chunks])
-        tis = None
-        if algorithm["use_tis"]:
-            tis = grpo.tis_weights(old, shard["rollout_logprobs"], float(algorithm["tis_imp_ratio_cap"]))
+            # With one optimizer step per epoch, the first epoch's forwards all run before any update, so they
+            # *are* the old policy's logprobs: reuse them instead of a separate no-grad pass.
+            old = None
+            if minis > 1:
+                old = torch.cat([forward_logprobs(self.model, _take(shard, s), temperature, False)[0] for s in chunks])
+        old_seen = torch.zeros_like(mask)
         sums = {name: torch.zeros((), device=self.device) for name in _SUMMED}
-        sums["tokens"] = mask.sum()
-        diff = (old - shard["rollout_logprobs"]) * mask
-        sums["log_ratio_rollout"] = diff.sum()
-        sums["abs_log_ratio_rollout"] = diff.abs().sum()
         grad_norms = []
         self.model.train()
-        for _ in range(int(self.recipe["trainer"]["update_epochs_per_batch"])):
+        for epoch in range(epochs):
             for m in range(minis):
                 self.optimizer.zero_grad(set_to_none=True)
                 starts = range(m * per_mini, (m + 1) * per_mini, micro)
                 for n, start in enumerate(starts):
                     part = slice(start, min(start + micro, (m + 1) * per_mini))
                     batch = _take(shard, part)
-                    last = n == len(starts) - 1
-                    loss = self._micro_loss(batch, old[part], None if ref is None else ref[part], tis, part, sums)
+                    loss, old_part = self._micro_loss(
+                        batch, None if old is None else old[part], None if ref is None else ref[part], sums
+                    )
+                    if epoch == 0:
+                        old_seen[part] = old_part
                     # DDP averages gradients over ranks; the weights already normalise over the whole
                     # mini-batch, so scale by the world size to get the sum. Sync only on the last micro-batch.
-                    if self.fsdp or last:
+                    if self.fsdp or n == len(starts) - 1:
                         (loss * self.world_size).backward()
                     else:
                         with self.model.no_sync():
                             (loss * self.world_size).backward()
                 norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(),
-                    float(self.recipe["trainer"]["policy"]["optimizer_config"]["max_grad_norm"]),
+                    self.model.parameters(), float(trainer["policy"]["optimizer_config"]["max_grad_norm"])
                 )
                 grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
                 self.optimizer.step()
                 self.scheduler.step()
+            if old is None:
+                old = old_seen
+        diff = (old_seen - shard["rollout_logprobs"]) * mask
+        sums["tokens"] = mask.sum()
+        sums["log_ratio_rollout"] = diff.sum()
+        sums["abs_log_ratio_rollout"] = diff.abs().sum()
         packed = torch.stack([sums[k] for k in _ALL_SUMS])
         dist.all_reduce(packed)
         totals = dict(zip(_ALL_SUMS, packed.tolist(), strict=True))
         tokens = max(totals["tokens"], 1.0)
-        optimizer_steps = len(grad_norms)
         return {
-            "pg_loss": totals["pg_loss"] / optimizer_steps,
-            "kl": totals["kl_tokens"] / (tokens * int(self.recipe["trainer"]["update_epochs_per_batch"])),
-            "entropy": totals["entropy_tokens"] / (tokens * int(self.recipe["trainer"]["update_epochs_per_batch"])),
-            "clip_frac": totals["clipped_tokens"] / (tokens * int(self.recipe["trainer"]["update_epochs_per_batch"])),
+            "pg_loss": totals["pg_loss"] / len(grad_norms),
+            "kl": totals["kl_tokens"] / (tokens * epochs),
+            "entropy": totals["entropy_tokens"] / (tokens * epochs),
+            "clip_frac": totals["clipped_tokens"] / (tokens * epochs),
             "log_ratio_rollout": totals["log_ratio_rollout"] / tokens,
             "abs_log_ratio_rollout": totals["abs_log_ratio_rollout"] / tokens,
-            "grad_norm": sum(grad_norms) / optimizer_steps,
+            "grad_norm": sum(grad_norms) / len(grad_norms),
             "lr": self.scheduler.get_last_lr()[0],
-            "train_tokens": totals["tokens"] * optimizer_steps / minis,
+            "train_tokens": totals["tokens"] * epochs,
         }
 
     def _micro_loss(
         self,
         batch: dict[str, torch.Tensor],
-        old: torch.Tensor,
+        old: torch.Tensor | None,
         ref: torch.Tensor | None,
-        tis: torch.Tensor | None,
-        part: slice,
         sums: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro-batch's share of the mini-batch loss, and the old logprobs it used (its own, if None)."""
         algorithm = self.recipe["trainer"]["algorithm"]
         temperature = float(self.recipe["generator"]["sampling_params"]["temperature"])
         logp, entropy = forward_logprobs(self.model, batch, temperature, True)
         assert entropy is not None
+        old = logp.detach() if old is None else old
+        tis = None
+        if algorithm["use_tis"]:
+            tis = grpo.tis_weights(old, batch["rollout_logprobs"], float(algorithm["tis_imp_ratio_cap"]))
         mask, weights, seq_weights = batch["completion_mask"], batch["loss_weights"], batch["seq_weights"]
         advantages = batch["advantages"][:, None].expand_as(logp)
         per_token, clipped = grpo.policy_loss(
@@ -213,7 +223,7 @@ class PolicyWorker:
             eps_clip_high=float(algorithm["eps_clip_high"]),
             loss_type=algorithm["policy_loss_type"],
             clip_ratio_c=float(algorithm["clip_ratio_c"]),
-            tis_weights=None if tis is None else tis[part],
+            tis_weights=tis,
         )
         pg_loss = (per_token * weights).sum()
         loss = pg_loss
@@ -227,7 +237,7 @@ class PolicyWorker:
             loss = loss - float(algorithm["entropy_loss_coef"]) * (entropy * seq_weights).sum()
         sums["entropy_tokens"] += (entropy.detach() * mask).sum()
         sums["clipped_tokens"] += (clipped * mask).sum()
-        return loss
+        return loss, old
 
     # ------------------------------------------------------------------ weights and checkpoints
 

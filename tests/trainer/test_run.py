@@ -126,9 +126,11 @@ def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Pa
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
+    # Two optimizer steps per global step (mini 2 of train 4 prompts): the old-logprob pass runs separately.
     recipe = {
         "trainer": {
             "max_steps": 2,
+            "policy_mini_batch_size": 2,
             "micro_train_batch_size_per_gpu": 8,
             "placement": {"colocate_all": False, "policy_num_gpus_per_node": 2, "ref_num_gpus_per_node": 2},
         },
