@@ -32,7 +32,7 @@ def ours(work: Path, settings: dict[str, Any]) -> dict[str, Any]:
         "trainer": {
             "train_batch_size": settings["prompts"],
             "policy_mini_batch_size": settings["prompts"],
-            "micro_train_batch_size_per_gpu": settings["prompts"] * settings["group"],
+            "micro_train_batch_size_per_gpu": settings["micro"],
             "max_steps": settings["steps"],
             "ckpt_interval": settings["steps"],
             "eval_interval": -1,
@@ -88,14 +88,13 @@ def trl(work: Path, settings: dict[str, Any]) -> dict[str, Any]:
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.times.append(time.perf_counter() - self.began)
 
-    batch = settings["prompts"] * settings["group"]
+    # One optimizer step = prompts x group samples in micro-batches of `micro`, as in ours.
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         max_steps=settings["steps"] * settings["epochs"],
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=settings["micro"],
+        gradient_accumulation_steps=settings["prompts"] * settings["group"] // settings["micro"],
         num_generations=settings["group"],
-        steps_per_generation=1,
         num_iterations=settings["epochs"],
         max_completion_length=settings["max_tokens"],
         temperature=1.0,
@@ -146,18 +145,22 @@ def trl(work: Path, settings: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="default: the experiment's seed")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", choices=["ours", "trl"], help="run one side only")
     args = parser.parse_args()
-    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "config/trainer/base.yaml").read_text())
+    root = Path(__file__).resolve().parent.parent
+    base = yaml.safe_load((root / "config/trainer/base.yaml").read_text())
+    experiment = yaml.safe_load((root / "config/experiments/tiny-addition.yaml").read_text())
+    args.seed = experiment["seed"] if args.seed is None else args.seed
     t = base["trainer"]
     settings = {
         "steps": args.steps,
         "seed": args.seed,
         "threads": args.threads,
-        "prompts": t["train_batch_size"],
-        "group": base["generator"]["n_samples_per_prompt"],
+        "prompts": experiment["role_plan"]["train_batch_size"],
+        "micro": experiment["role_plan"]["micro_train_batch_size_per_gpu"],
+        "group": experiment["role_plan"]["n_samples_per_prompt"],
         "epochs": t["update_epochs_per_batch"],
         "lr": t["policy"]["optimizer_config"]["lr"],
         "beta": t["algorithm"]["kl_loss_coef"] if t["algorithm"]["use_kl_loss"] else 0.0,

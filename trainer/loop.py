@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -172,13 +173,24 @@ def check_can_start(launch: Launch, terminal_uri: str, allow_retrain: bool, mana
 
 def run(launch: Launch, terminal_uri: str | None = None, allow_retrain: bool = False) -> dict[str, Any]:
     """Train as the launch document says; write checkpoints, metrics and the terminal manifest. Returns it."""
-    recipe, t, g = launch.recipe, launch.recipe["trainer"], launch.recipe["generator"]
+    t = launch.recipe["trainer"]
     terminal_uri = terminal_uri or launch.terminal_manifest_uri
     digest = storage.runtime_source_digest()
     manager = CheckpointManager(launch.checkpoint_root, launch.resume_checkpoint_count, digest)
     check_can_start(launch, terminal_uri, allow_retrain, manager)
     resume = None if allow_retrain else manager.resolve(t["resume_mode"], t["resume_path"])
-    cache_dir = Path(tempfile.gettempdir()) / "rlbuild-inputs"
+    # A fresh verified copy per run: a dev version re-staged at the same URI must never meet a stale cache.
+    cache_dir = Path(tempfile.mkdtemp(prefix="rlbuild-inputs-"))
+    try:
+        return _run_with_inputs(launch, terminal_uri, resume, manager, cache_dir)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _run_with_inputs(
+    launch: Launch, terminal_uri: str, resume: Resume | None, manager: CheckpointManager, cache_dir: Path
+) -> dict[str, Any]:
+    recipe, t, g = launch.recipe, launch.recipe["trainer"], launch.recipe["generator"]
     model_dir = storage.materialise(launch.model_uri, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     environment = environments.make(recipe["environment"]["env_class"])
@@ -248,7 +260,6 @@ def _train(
 
     if step == 0 and t["eval_before_train"]:
         metrics.log(0, {"eval_accuracy": held_out_accuracy()}, max_steps)
-    last_saved = step if resume else None
     while step < max_steps:
         step += 1
         began = time.perf_counter()
@@ -294,11 +305,8 @@ def _train(
                 {"seed": seed, "run_id": launch.run_id, "policy_world_size": world},
                 lambda uri: ray.get([w.save_checkpoint.remote(uri) for w in cluster.roles.policy]),
             )
-            last_saved = step
         values["step_time_s"] = time.perf_counter() - began
         metrics.log(step, values, max_steps)
-    if last_saved != step:
-        raise TrainError(f"internal: final step {step} was not checkpointed")
     metrics.close()
     return write_terminal(launch, manager, step, metrics.records(), terminal_uri)
 

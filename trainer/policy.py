@@ -72,8 +72,8 @@ class PolicyWorker:
         self.recipe = recipe
         # Each rank materialises on its own node; on one node the verified cache is shared.
         self.model_dir = storage.materialise(model_uri, Path(cache_dir))
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        self.device = self.device or torch.device("cpu")
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group (called on rank 0 only)."""

@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from trainer import storage
 from trainer.engines import make_engine
 from trainer.policy import PolicyWorker
 
@@ -61,8 +62,6 @@ class EngineActor:
     def __init__(
         self, backend: str, model_uri: str, cache_dir: str, generator: dict[str, Any], seed: int, num_threads: int
     ) -> None:
-        from trainer import storage
-
         model_dir = storage.materialise(model_uri, Path(cache_dir))
         self.engine = make_engine(backend, model_dir, generator, seed, num_threads)
 

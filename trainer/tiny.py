@@ -26,7 +26,9 @@ HIDDEN_SIZE = 128
 NUM_LAYERS = 2
 WARM_START_STEPS = 150
 WARM_START_BATCH = 64
-WARM_START_LR = 3e-3
+# Gentle on purpose: random answers teach the model that the prompt is irrelevant, and a stronger warm start
+# (3e-3) washed out the prompt features GRPO builds on (seed 42: held-out 0.19 at step 250 vs 0.91 at 200).
+WARM_START_LR = 1e-3
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
