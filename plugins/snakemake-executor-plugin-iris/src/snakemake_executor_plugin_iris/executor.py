@@ -172,6 +172,7 @@ class Executor(RemoteExecutor):
                 if code is None:
                     yield info
                 elif code == 0:
+                    forget_directory_probes(info.job)
                     self.report_job_success(info)
                 else:
                     log = info.aux["log"]
@@ -183,6 +184,7 @@ class Executor(RemoteExecutor):
             if result is Outcome.RUNNING:
                 yield info
             elif result is Outcome.SUCCEEDED:
+                forget_directory_probes(info.job)
                 self.report_job_success(info)
             else:
                 await asyncio.sleep(LOG_LAG_S)
@@ -211,6 +213,16 @@ class Executor(RemoteExecutor):
     def shutdown(self) -> None:
         super().shutdown()
         self.iris.close()
+
+
+def forget_directory_probes(job: JobExecutorInterface) -> None:
+    """snakemake-storage-plugin-s3 0.3.6 caches `is_dir() == False` from the DAG-time probe of a directory output
+    that did not exist yet, so the main process never sees the directory the job uploaded (only a HEAD of the
+    key itself is retried). Forget that probe once the job has succeeded."""
+    for path in job.output:
+        storage_object = getattr(path, "storage_object", None) if getattr(path, "is_storage", False) else None
+        if storage_object is not None and hasattr(storage_object, "_is_dir"):
+            storage_object._is_dir = None
 
 
 def _names(text: str | None) -> list[str] | None:
