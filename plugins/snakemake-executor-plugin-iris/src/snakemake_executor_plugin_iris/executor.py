@@ -115,6 +115,13 @@ class Executor(RemoteExecutor):
         name = job_name(job.name, wildcards, job.attempt, [storage_uri(o) for o in job.output])
         step = self.format_job_exec(job)
         command = step
+        if place.is_gang and job.restart_times > 0:
+            raise IrisSettingError(
+                f"retries of rule {job.name}",
+                job.restart_times,
+                "gangs are retried by Iris as a whole (iris_max_retries / --iris-max-retries); a Snakemake retry would "
+                "rerun the step inside the gang (rule-level retries) or resubmit it. Set retries to 0",
+            )
         if place.is_gang:
             launch = None if job.is_group() else getattr(job.input, "launch", None)
             command = gang_command(
