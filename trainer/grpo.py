@@ -38,16 +38,17 @@ def group_advantages(
     return advantages.reshape(-1)
 
 
-def reduction_weights(mask: torch.Tensor, reduction: str, num_sequences: int | None = None) -> torch.Tensor:
+def reduction_weights(mask: torch.Tensor, reduction: str) -> torch.Tensor:
     """Per-token weights w so that sum(loss * w) is the `reduction` of the loss over the whole mini-batch.
 
     Call with the mask of the *whole* optimizer mini-batch (all micro-batches, all ranks), then slice.
+    B counts the sequences with at least one completion token (all-zero rows are padding).
     - token_mean: every token of the mini-batch counts once: w = mask / sum(mask).
     - seq_mean_token_sum: token sums per sequence, averaged over sequences: w = mask / B.
     - seq_mean_token_mean: token means per sequence, averaged over sequences: w = mask / (B * len_i).
     """
     mask = mask.float()
-    n = num_sequences if num_sequences is not None else mask.shape[0]
+    n = max(int((mask.sum(dim=1) > 0).sum()), 1)
     if reduction == "token_mean":
         return mask / mask.sum().clamp(min=1.0)
     if reduction == "seq_mean_token_sum":
@@ -112,6 +113,15 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     """log p(target) under softmax(logits / temperature); temperature 0 (greedy) means 1."""
     scaled = logits.float() / (temperature if temperature > 0 else 1.0)
     return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_logprobs and the entropy of softmax(logits / temperature), sharing one log-softmax."""
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    logp = torch.log_softmax(scaled, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(dim=-1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

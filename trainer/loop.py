@@ -97,6 +97,28 @@ def add_loss_weights(batch: dict[str, torch.Tensor], mini_rows: int, reduction: 
     batch["loss_weights"], batch["seq_weights"] = loss_w, seq_w
 
 
+def drop_zero_variance_groups(
+    batch: dict[str, torch.Tensor], rewards: torch.Tensor, group_size: int, mini_rows: int, world: int
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Keep only groups whose rewards differ (the others have advantage 0: no policy gradient).
+
+    Each mini-batch keeps its own informative rows, padded (completion mask 0, so zero weight) to a common
+    size that splits evenly over the ranks. Returns the new batch and its rows per mini-batch.
+    """
+    informative = (rewards.view(-1, group_size).std(dim=1) > 0).repeat_interleave(group_size)
+    n = informative.shape[0]
+    kept = [torch.nonzero(informative[s : s + mini_rows]).flatten() + s for s in range(0, n, mini_rows)]
+    width = max(world, -(-max(len(k) for k in kept) // world) * world)
+    index, padding = [], []
+    for start, rows in zip(range(0, n, mini_rows), kept, strict=True):
+        fill = width - len(rows)
+        index.append(torch.cat([rows, torch.full((fill,), start, dtype=torch.long)]))
+        padding.append(torch.cat([torch.zeros(len(rows), dtype=torch.bool), torch.ones(fill, dtype=torch.bool)]))
+    out = {k: v[torch.cat(index)] for k, v in batch.items()}
+    out["completion_mask"] = out["completion_mask"].masked_fill(torch.cat(padding)[:, None], 0.0)
+    return out, width
+
+
 def shard(batch: dict[str, torch.Tensor], mini_rows: int, world: int) -> list[dict[str, torch.Tensor]]:
     """Rank r gets the r-th contiguous slice of every mini-batch, so each optimizer step spans all ranks."""
     per_rank = mini_rows // world
@@ -272,8 +294,11 @@ def _train(
         advantages = grpo.group_advantages(rewards, group_size, bool(t["algorithm"]["grpo_norm_by_std"]))
         batch = build_batch(prompts, rollouts, tokenizer.pad_token_id)
         batch["advantages"] = advantages
-        add_loss_weights(batch, mini_rows, t["algorithm"]["loss_reduction"])
-        shards = shard(batch, mini_rows, world)
+        rows_per_mini = mini_rows
+        if t["algorithm"]["zero_variance_filter"]:
+            batch, rows_per_mini = drop_zero_variance_groups(batch, rewards, group_size, mini_rows, world)
+        add_loss_weights(batch, rows_per_mini, t["algorithm"]["loss_reduction"])
+        shards = shard(batch, rows_per_mini, world)
         micro = int(t["micro_train_batch_size_per_gpu"])
         results = ray.get(
             [w.train_step.remote(s, minis, micro) for w, s in zip(cluster.roles.policy, shards, strict=True)]
@@ -281,12 +306,13 @@ def _train(
         trained = time.perf_counter()
         sync_error = cluster.sync_weights(probe, len(probe_prompt), tolerance)
         synced = time.perf_counter()
-        completion_tokens = float(batch["completion_mask"].sum())
+        completion_tokens = float(sum(len(r.token_ids) for r in rollouts))
         grouped = rewards.view(-1, group_size)
         values: dict[str, Any] = {
             "reward_mean": float(rewards.mean()),
             "frac_correct": float((rewards >= 1.0).float().mean()),
             "zero_variance_groups": float((grouped.std(dim=1) == 0).float().mean()),
+            "trained_sequences": int((batch["completion_mask"].sum(dim=1) > 0).sum()),
             "response_length": completion_tokens / len(rollouts),
             **results[0],
             "weight_sync_max_abs_diff": sync_error,

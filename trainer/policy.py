@@ -58,9 +58,10 @@ def forward_logprobs(
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
     logits = logits[:, -completion_width - 1 : -1]
-    logp = grpo.token_logprobs(logits, ids[:, -completion_width:], temperature)
-    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-    return logp, grpo.entropy_from_logits(scaled) if with_entropy else None
+    targets = ids[:, -completion_width:]
+    if not with_entropy:
+        return grpo.token_logprobs(logits, targets, temperature), None
+    return grpo.logprobs_and_entropy(logits, targets, temperature)
 
 
 class PolicyWorker:
@@ -108,8 +109,11 @@ class PolicyWorker:
                 for layer in self.ref.model.layers:
                     fully_shard(layer)
                 fully_shard(self.ref)
-        else:
+        elif self.world_size > 1:
             self.model = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            # One rank has nothing to average; DDP's hooks would cost ~15% of each micro-batch on CPU.
+            self.model = model
         self.module = model
         opt = trainer["policy"]["optimizer_config"]
         self.optimizer = torch.optim.AdamW(
@@ -164,7 +168,7 @@ class PolicyWorker:
                         old_seen[part] = old_part
                     # DDP averages gradients over ranks; the weights already normalise over the whole
                     # mini-batch, so scale by the world size to get the sum. Sync only on the last micro-batch.
-                    if self.fsdp or n == len(starts) - 1:
+                    if self.model is self.module or self.fsdp or n == len(starts) - 1:
                         (loss * self.world_size).backward()
                     else:
                         with self.model.no_sync():

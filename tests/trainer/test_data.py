@@ -127,3 +127,16 @@ def test_shards_take_a_slice_of_every_mini_batch() -> None:
     batch = {"input_ids": torch.arange(8)[:, None]}
     shards = loop.shard(batch, mini_rows=4, world=2)
     assert [s["input_ids"].flatten().tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_zero_variance_groups_are_dropped_and_padding_weighs_nothing() -> None:
+    batch = {"input_ids": torch.arange(8)[:, None], "completion_mask": torch.ones(8, 2)}
+    # Groups of 2; mini-batches of 4 rows. Mini 0: groups [1, 0] (kept) and [1, 1] (dropped);
+    # mini 1: groups [0, 0] and [0, 0] (both dropped).
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    out, rows_per_mini = loop.drop_zero_variance_groups(batch, rewards, group_size=2, mini_rows=4, world=2)
+    assert rows_per_mini == 2
+    assert out["input_ids"].flatten().tolist() == [0, 1, 4, 4]
+    assert out["completion_mask"].sum(dim=1).tolist() == [2, 2, 0, 0]
+    loop.add_loss_weights(out, rows_per_mini, "seq_mean_token_mean")
+    assert out["loss_weights"].flatten().tolist() == pytest.approx([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0])

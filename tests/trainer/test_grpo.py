@@ -143,3 +143,11 @@ def test_token_logprobs_use_temperature() -> None:
 
 def test_entropy_of_uniform_is_log_vocab() -> None:
     assert grpo.entropy_from_logits(torch.zeros(2, 4)).tolist() == pytest.approx([math.log(4)] * 2)
+
+
+def test_fused_logprobs_and_entropy_match_the_separate_ones() -> None:
+    logits = torch.randn(3, 4, 7, generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(0, 7, (3, 4), generator=torch.Generator().manual_seed(1))
+    logp, entropy = grpo.logprobs_and_entropy(logits, targets, 0.7)
+    assert torch.allclose(logp, grpo.token_logprobs(logits, targets, 0.7))
+    assert torch.allclose(entropy, grpo.entropy_from_logits(logits / 0.7))
