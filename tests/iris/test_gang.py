@@ -150,3 +150,14 @@ def _logs(client, job: str) -> str:
     from iris.cluster.types import JobName
 
     return "\n".join(entry.data for entry in client.job(JobName.from_wire(job)).logs())
+
+
+def test_snakemake_retries_of_a_gang_are_refused(iris: LocalIris, tmp_path: Path) -> None:
+    """Snakemake's rule-level retries rerun inside the spawned job; gangs are retried by Iris instead."""
+    (tmp_path / "Snakefile").write_text(
+        "rule gang:\n    output: 'x'\n    retries: 2\n"
+        "    resources: gpu_nodes=2, gpus_per_node=8, gpu_variant='H100'\n    shell: 'touch {output}'\n"
+    )
+    code, out = run_snakemake(["--executor", "iris", "--jobs", "1"], tmp_path, snakemake_env(iris, tmp_path / "h"), 120)
+    assert code != 0
+    assert "retries of rule gang=2: gangs are retried by Iris as a whole" in out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,19 +137,12 @@ def test_the_plugin_requests_the_ports_the_bootstrap_reads() -> None:
     assert tuple(RAY_PORTS) == RAY_PORT_NAMES
 
 
-def test_snakemake_retries_of_a_gang_are_refused(tmp_path: Path) -> None:
-    """Snakemake's rule-level retries rerun inside the spawned job; gangs are retried by Iris instead."""
-    import subprocess
-    import sys
-
-    (tmp_path / "Snakefile").write_text(
-        "rule gang:\n    output: 'x'\n    retries: 2\n"
-        "    resources: gpu_nodes=2, gpus_per_node=8, gpu_variant='H100'\n    shell: 'touch {output}'\n"
-    )
-    # An unreachable controller: the refusal comes before any submission.
+def test_an_unreachable_controller_fails_at_start_with_a_fix(tmp_path: Path) -> None:
+    (tmp_path / "Snakefile").write_text("rule a:\n    output: 'x'\n    shell: 'touch {output}'\n")
     argv = ["--executor", "iris", "--iris-controller-url", "http://127.0.0.1:9", "--jobs", "1"]
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0
-    assert "retries of rule gang=2: gangs are retried by Iris as a whole" in result.stdout + result.stderr
+    assert "Iris controller at http://127.0.0.1:9 is unreachable" in result.stderr
+    assert "check --iris-controller-url" in result.stderr

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import httpx
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from iris.client import IrisClient, JobAlreadyExists, JobState, JobStatus, TaskStatus
 from iris.cluster.client.job_info import resolve_job_user
 from iris.cluster.constraints import Constraint, ConstraintOp
@@ -16,6 +19,8 @@ from rigging.timing import Duration
 from snakemake_executor_plugin_iris.errors import IrisSubmitError
 from snakemake_executor_plugin_iris.requests import Placement
 from snakemake_executor_plugin_iris.status import Outcome, outcome
+
+STATE_RPC = "iris.cluster.ControllerService/GetJobState"
 
 
 @dataclass(frozen=True)
@@ -31,8 +36,9 @@ class Iris:
     """One connection to an Iris controller."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.client = IrisClient.remote(url)
+        self.url = url.rstrip("/")
+        probe(self.url)
+        self.client = IrisClient.remote(self.url)
 
     def job_id(self, name: str) -> JobName:
         return JobName.root(resolve_job_user(), name)
@@ -42,10 +48,10 @@ class Iris:
         job_id = self.job_id(name)
         try:
             state = self.client.job_state(job_id)
-        except Exception as error:  # ConnectError NOT_FOUND; anything else surfaces on submit
-            if "not found" in str(error).lower():
+        except ConnectError as error:
+            if error.code == Code.NOT_FOUND:
                 return None
-            raise
+            raise IrisSubmitError(f"Iris at {self.url} did not answer for job {name}: {error}") from error
         return job_id if outcome(state) is Outcome.RUNNING else None
 
     def submit(self, name: str, place: Placement, sub: Submission) -> tuple[JobName, bool]:
@@ -75,7 +81,7 @@ class Iris:
             )
         except JobAlreadyExists:
             return self.job_id(name), True
-        except Exception as error:
+        except (ConnectError, ValueError) as error:
             raise IrisSubmitError(f"Iris at {self.url} refused job {name}: {error}") from error
         return job.job_id, False
 
@@ -112,6 +118,23 @@ class Iris:
 
     def close(self) -> None:
         self.client.shutdown()
+
+
+def probe(url: str, timeout_s: float = 10.0) -> None:
+    """Fail fast on a wrong or unreachable controller; the client's own calls retry for up to 30 minutes, which is
+    right for riding out a controller restart mid-run but not for a typo at start-up."""
+    try:
+        response = httpx.post(f"{url}/{STATE_RPC}", json={"jobIds": []}, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise IrisSubmitError(
+            f"Iris controller at {url} is unreachable ({error}); check --iris-controller-url "
+            "(SNAKEMAKE_IRIS_CONTROLLER_URL) and that the controller or its tunnel is up"
+        ) from error
+    if response.status_code != 200:
+        raise IrisSubmitError(
+            f"{url} answered {response.status_code} to {STATE_RPC}: not an Iris controller? "
+            "Check --iris-controller-url (SNAKEMAKE_IRIS_CONTROLLER_URL)"
+        )
 
 
 def _describe(task: TaskStatus) -> str:
