@@ -115,7 +115,17 @@ class RayNode:
                 self.process.kill()  # its Ray daemons share its fate (PDEATHSIG)
                 self.process.wait()
         self.process = None
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def logs_dir(self) -> Path | None:
+        logs = Path(self.temp_dir, "session_latest", "logs") if self.temp_dir else None
+        return logs if logs is not None and logs.is_dir() else None
+
+    def remove_temp_dir(self) -> None:
+        """Ray's daemons may still be writing for a moment after `ray start` exits: retry until it is gone."""
+        deadline = time.monotonic() + RAY_STOP_GRACE_S
+        while self.temp_dir and os.path.exists(self.temp_dir) and time.monotonic() < deadline:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            time.sleep(0.2)
 
 
 def die_with_parent() -> None:
@@ -248,6 +258,22 @@ def run_worker(args: argparse.Namespace, rdv: Rendezvous, node: RayNode) -> int:
     return 1
 
 
+def archive_ray_logs(rdv: Rendezvous, node: RayNode) -> None:
+    """Keep this node's Ray logs beside the rendezvous (the attempts root), for post-mortems of failed gangs."""
+    logs = node.logs_dir()
+    if logs is None:
+        return
+    target = f"{rdv.path}/ray-logs/rank-{node.rank}"
+    try:
+        rdv.fs.put(str(logs), target, recursive=True)
+    except OSError as error:
+        log(f"could not archive Ray logs to {target}: {error}")
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     command = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -281,12 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         host = os.environ.get("IRIS_ADVERTISE_HOST") or socket.gethostbyname(socket.gethostname())
         node = RayNode(rank=task.rank, host=host, ports=task_ports(dict(os.environ)), num_cpus=args.num_cpus)
         log(f"rank {task.rank}/{args.nodes} attempt {task.attempt} of {task.job}; rendezvous {rdv.uri}")
+        signal.signal(signal.SIGTERM, _terminate)  # Iris stopping the task: still stop Ray and keep its logs
         try:
             if task.rank == 0:
                 return run_rank0(args, rdv, node, command)
             return run_worker(args, rdv, node)
         finally:
             node.stop()
+            archive_ray_logs(rdv, node)
+            node.remove_temp_dir()
     except RendezvousError as error:
         log(f"error: {error}")
         return 2
