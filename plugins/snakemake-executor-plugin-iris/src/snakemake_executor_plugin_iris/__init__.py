@@ -85,7 +85,7 @@ class ExecutorSettings(ExecutorSettingsBase):
     )
     cpu_pool: Optional[str] = field(  # noqa: UP045
         default=None,
-        metadata=_help("pin jobs without GPUs to workers whose `pool` attribute has this value"),
+        metadata=_help("pin jobs without GPUs to workers whose `pool` attribute has this value", env_var=True),
     )
     env: Optional[str] = field(  # noqa: UP045
         default=None,
