@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-SECRET_KEY = re.compile(r"(secret|token|password|passwd|api[_-]?key|access[_-]?key|credential)", re.IGNORECASE)
+SECRET_KEY = re.compile(r"(secret|token(?!izer)|password|passwd|api[_-]?key|access[_-]?key|credential)", re.IGNORECASE)
 REDACTED = "<redacted>"
 MIN_SECRET_LENGTH = 8
 

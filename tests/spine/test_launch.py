@@ -10,8 +10,9 @@ import yaml
 from rlbuild.cli import main
 from rlbuild.preflight import resolve
 from rlbuild.spec import parse_experiment
-from tests.spine.experiments import experiment, write
+from tests.spine.experiments import SEED_64_GPU, experiment, write
 
+SEED_REVISION = SEED_64_GPU["model"]["tokenizer"]["revision"]
 SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "trainer"]
 
 
@@ -83,3 +84,9 @@ def test_secret_values_never_reach_the_document(tmp_path: Path, monkeypatch: pyt
     text = resolve_launch(tmp_path, experiment(execution__iris__cluster=secret), "a")
     assert secret not in text
     assert "<redacted>" in text
+
+
+def test_tokenizer_fields_are_not_mistaken_for_secrets(tmp_path: Path) -> None:
+    document = yaml.safe_load(resolve_launch(tmp_path, experiment(), "a"))
+    assert document["inputs"]["model"]["tokenizer_uri"] == "s3://bucket/p/seed-64/stage/model/v2026.09.21"
+    assert document["inputs"]["model"]["tokenizer_revision"] == SEED_REVISION
