@@ -265,7 +265,11 @@ def _train(
         ray.get([w.load_checkpoint.remote(resume.uri) for w in cluster.roles.policy])
         cluster.sync_weights(probe, len(probe_prompt), tolerance)
         print(f"[trainer] resumed from {resume.uri} at step {step}", flush=True)
-    metrics = MetricsWriter(launch.metrics_uri, step, t["logger"], t["project_name"], launch.run_id, launch.recipe)
+    # A fresh start (also --allow-retrain / resume_mode none) drops every earlier line; a resume keeps its past.
+    kept_until = step if resume else -1
+    metrics = MetricsWriter(
+        launch.metrics_uri, kept_until, t["logger"], t["project_name"], launch.run_id, launch.recipe
+    )
 
     def held_out_accuracy() -> float | None:
         if not validation_rows:
