@@ -27,7 +27,7 @@ from trainer.checkpoint import CheckpointManager, Resume
 from trainer.config import Launch, LaunchError
 from trainer.engines import Rollout, SamplingParams, max_abs_difference, resolve_backend
 from trainer.metrics import MetricsWriter
-from trainer.ray_cluster import Roles, connect, place_roles
+from trainer.ray_cluster import Roles, bundles_needed, connect, place_roles
 from trainer.tasks import read_jsonl
 
 DEV_VERSION = "dev"
@@ -225,7 +225,7 @@ def _run_with_inputs(
             f"than trainer.train_batch_size={t['train_batch_size']}; raise max_prompt_length or add data"
         )
     backend = resolve_backend(g["backend"])
-    started = connect(launch.ray_address, launch.policy_world_size)
+    started = connect(launch.ray_address, bundles_needed(recipe))
     cluster = Cluster(place_roles(recipe, launch.model_uri, str(cache_dir), backend), started)
     try:
         return _train(launch, cluster, manager, resume, tokenizer, environment, kept, validation_rows, terminal_uri)

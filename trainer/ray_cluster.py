@@ -87,7 +87,8 @@ class Roles:
         remove_placement_group(self.group)
 
 
-def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend: str) -> Roles:
+def _shape(recipe: dict[str, Any]) -> tuple[int, int, int, bool]:
+    """(policy ranks, engines, bundles per engine, colocated) from the role-plan keys of the recipe."""
     trainer, generator = recipe["trainer"], recipe["generator"]
     placement = trainer["placement"]
     world = int(placement["policy_num_nodes"]) * int(placement["policy_num_gpus_per_node"])
@@ -96,8 +97,18 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
         * int(generator["inference_engine_pipeline_parallel_size"])
         * int(generator["inference_engine_data_parallel_size"])
     )
-    num_engines = int(generator["num_inference_engines"])
-    colocated = bool(placement["colocate_all"])
+    return world, int(generator["num_inference_engines"]), engine_slots, bool(placement["colocate_all"])
+
+
+def bundles_needed(recipe: dict[str, Any]) -> int:
+    world, num_engines, engine_slots, colocated = _shape(recipe)
+    return world if colocated else world + num_engines * engine_slots
+
+
+def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend: str) -> Roles:
+    trainer, generator = recipe["trainer"], recipe["generator"]
+    placement = trainer["placement"]
+    world, num_engines, engine_slots, colocated = _shape(recipe)
     if colocated and num_engines * engine_slots != world:
         raise PlacementError(
             f"colocate_all needs policy GPUs ({world}) == engines x tp x pp x dp ({num_engines * engine_slots}); "
@@ -105,7 +116,7 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
         )
     gpu = ray.cluster_resources().get("GPU", 0) > 0
     bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
-    bundles = world if colocated else world + num_engines * engine_slots
+    bundles = bundles_needed(recipe)
     strategy = "STRICT_PACK" if int(placement["policy_num_nodes"]) == 1 and colocated else "PACK"
     group = placement_group([dict(bundle) for _ in range(bundles)], strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
