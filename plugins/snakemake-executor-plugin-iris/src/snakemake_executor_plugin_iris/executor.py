@@ -13,12 +13,10 @@ from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rigging.credential_store import load_credentials
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
-from snakemake_executor_plugin_iris.client import Iris, Submission
 from snakemake_executor_plugin_iris.errors import IrisSettingError, IrisSubmitError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (
@@ -33,6 +31,9 @@ from snakemake_executor_plugin_iris.status import Outcome, outcome
 
 if TYPE_CHECKING:
     from snakemake_executor_plugin_iris import ExecutorSettings
+
+# The Iris client (and rigging) are imported where they are used, not here: Snakemake imports every installed
+# executor plugin on each start, and `iris.client` alone costs about a second of every dry run.
 
 RAY_PORTS = [
     "ray_gcs",
@@ -59,6 +60,8 @@ def controller_url(settings: ExecutorSettings) -> str:
     if settings.controller_url:
         return settings.controller_url
     if settings.cluster:
+        from rigging.credential_store import load_credentials
+
         record = load_credentials(settings.cluster)
         if record is None:
             raise IrisSettingError(
@@ -82,6 +85,8 @@ def storage_uri(path: Any) -> str:
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
         self.settings: ExecutorSettings = self.workflow.executor_settings
+        from snakemake_executor_plugin_iris.client import Iris
+
         self.iris = Iris(controller_url(self.settings))
         self.defaults = Defaults(
             cpu=self.settings.node_cpu,
@@ -133,6 +138,8 @@ class Executor(RemoteExecutor):
                 rendezvous_root=None if launch else self._rendezvous_root(),
                 join_timeout_s=self.settings.join_timeout,
             )
+        from snakemake_executor_plugin_iris.client import Submission
+
         submission = Submission(
             command=shell(os.getcwd(), command),
             env=task_env(os.environ, self.envvars(), self.extra_env),

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from iris.client import JobState
-from iris.resources.state import is_job_finished
+if TYPE_CHECKING:
+    from iris.client import JobState
 
 
 class Outcome(Enum):
@@ -17,6 +18,9 @@ class Outcome(Enum):
 def outcome(state: JobState) -> Outcome:
     """SUCCEEDED only for `succeeded`; any other terminal state (failed, killed, worker_failed, unschedulable,
     or one a later Iris adds) is FAILED; everything else is still RUNNING."""
+    from iris.client import JobState
+    from iris.resources.state import is_job_finished
+
     if state is JobState.SUCCEEDED:
         return Outcome.SUCCEEDED
     if is_job_finished(state):
