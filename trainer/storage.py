@@ -18,23 +18,8 @@ from rlbuild import identity, staging
 
 
 def filesystem(uri: str) -> fsspec.AbstractFileSystem:
-    """fsspec for a local path or s3:// URI, with the S3 settings the Snakemake S3 storage plugin reads
-    (SNAKEMAKE_STORAGE_S3_*; unset ones fall back to boto's AWS_* chain), so jobs reach Snakemake's store."""
-    if not uri.startswith("s3://"):
-        return fsspec.filesystem("file")
-    env = os.environ
-    region = env.get("SNAKEMAKE_STORAGE_S3_REGION")
-    # No listing cache: checkpoints are listed right after they are written.
-    return fsspec.filesystem(
-        "s3",
-        endpoint_url=env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
-        key=env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,
-        secret=env.get("SNAKEMAKE_STORAGE_S3_SECRET_KEY") or None,
-        token=env.get("SNAKEMAKE_STORAGE_S3_TOKEN") or None,
-        client_kwargs={"region_name": region} if region else {},
-        skip_instance_cache=True,
-        use_listings_cache=False,
-    )
+    """fsspec for a local path or s3:// URI, reaching the same store as Snakemake (see rlbuild.staging)."""
+    return staging.filesystem(uri)[0]
 
 
 def materialise(uri: str, cache_dir: Path) -> Path:
