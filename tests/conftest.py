@@ -64,6 +64,18 @@ def s3_server() -> Iterator[S3Server]:
         server.stop()
 
 
+@pytest.fixture
+def s3_root(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on the loopback S3 server, reached by rlbuild code through SNAKEMAKE_STORAGE_S3_*."""
+    for name, value in s3_server.env().items():
+        if name.startswith("SNAKEMAKE_STORAGE_S3_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_REGION", "us-east-1")
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return f"s3://{s3_server.new_bucket()}"
+
+
 def run_snakemake(
     args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,29 +62,6 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A moto S3 server with bucket `rlbuild-test`, reached through the SNAKEMAKE_STORAGE_S3_* variables."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", f"http://{host}:{port}")
-    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ACCESS_KEY", "testing")
-    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_SECRET_KEY", "testing")
-    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_REGION", "us-east-1")
-    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    import boto3
-
-    boto3.client(
-        "s3",
-        endpoint_url=f"http://{host}:{port}",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    ).create_bucket(Bucket="rlbuild-test")
-    try:
-        yield "s3://rlbuild-test"
-    finally:
-        server.stop()
+def s3_env(s3_root: str) -> str:
+    """A moto S3 bucket reached through the SNAKEMAKE_STORAGE_S3_* variables (see tests/conftest.py)."""
+    return s3_root

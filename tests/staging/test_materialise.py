@@ -100,7 +100,7 @@ def test_materialise_from_s3_then_tamper(staged: Path, tmp_path: Path, s3_env: s
     base = _upload(staged, s3_env)
     paths = materialise_inputs(_launch(base), tmp_path / "cache")
     assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"
-    assert paths["model"] == tmp_path / "cache/s3/rlbuild-test/exp/tiny/stage/model/v1"
+    assert paths["model"] == tmp_path / f"cache/s3/{s3_env.removeprefix('s3://')}/exp/tiny/stage/model/v1"
     assert paths["train_data"][0].read_bytes() == (staged / "stage/data/v1/train/0.jsonl").read_bytes()
     assert not (paths["model"] / "identity.json").exists()  # records are not payload
 
