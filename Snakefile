@@ -1,8 +1,10 @@
 # rlbuild: every artifact of an RL experiment is a file target; the whole plan is checked before any job runs.
 # Logic lives in the `rlbuild` library and `trainer`; rules are inputs, outputs, resources and one call.
+import os
 import sys
 from pathlib import Path
 
+from rlbuild.cli import ALLOW_RETRAIN
 from rlbuild.errors import RlbuildError
 from rlbuild.workflow import Graph, experiment_file, fail
 
@@ -20,6 +22,9 @@ except RlbuildError as error:
     fail(error)
 
 EXP = GRAPH.experiment
+if config.get("allow_retrain"):
+    # An environment variable, not a rule param: a param would count as provenance and retrigger training later.
+    os.environ[ALLOW_RETRAIN] = "1"
 # The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too.
 RLBUILD = f"{sys.executable} -m rlbuild"
 ARGS = f"--experiment {EXPERIMENT_FILE} --storage-root {GRAPH.storage_root}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from rlbuild.redact import redact, redact_text
 from rlbuild.storage import atomic_write_text, write_json
 
 EXIT_INVALID = 2
+ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"  # set by `--config allow_retrain=true`; forwarded to Iris jobs (RLBUILD_*)
 DEFAULT_STORAGE_ROOT = "results"
 
 
@@ -122,7 +124,7 @@ def _derived_record(launch_path: str, kind: str) -> dict[str, Any]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "trainer", "run", "--launch", args.launch, "--terminal", args.terminal]
-    if args.allow_retrain:
+    if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         command.append("--allow-retrain")
     result = subprocess.run(command, check=False)
     if result.returncode:

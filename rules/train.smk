@@ -13,8 +13,6 @@ rule train:
         "logs/train/v{version}.log",
     resources:
         **GRAPH.gang_resources(),
-    params:
-        retrain="--allow-retrain" if config.get("allow_retrain") else "",
     shell:
         "{RLBUILD} train --launch {input.launch} --terminal {output.terminal} --record {output.record} "
-        "{params.retrain} 2>&1 | tee {log}"
+        "2>&1 | tee {log}"
