@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuild.errors import RlbuildError
-from rlbuild.staging import filesystem, verify_staged
+from rlbuild.staging import filesystem, read_jsonl_rows, verify_staged
 
 RESULTS = "results.json"
 TABLE = "results.html"
@@ -37,16 +37,7 @@ def read_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
             verified.add(verify_staged(path))
     rows: list[dict[str, Any]] = []
     for path in files:
-        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EvalError(f"{path}:{lineno}: not valid JSON ({exc.msg}); restage the data") from exc
-            if not isinstance(row, dict) or "prompt" not in row or "answer" not in row:
-                raise EvalError(f"{path}:{lineno}: a validation row needs prompt and answer; restage the data")
-            rows.append(row)
+        rows.extend(read_jsonl_rows(Path(path)))
     if not rows:
         raise EvalError(
             f"no validation rows in {[str(p) for p in files]}; list a data.validation source in the experiment"

@@ -394,7 +394,7 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
     return row
 
 
-def _jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
+def read_jsonl_rows(path: Path) -> Iterator[dict[str, Any]]:
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -421,7 +421,7 @@ def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
 
 def _file_rows(path: Path) -> Iterator[dict[str, Any]]:
     if path.suffix == ".jsonl":
-        return _jsonl_rows(path)
+        return read_jsonl_rows(path)
     if path.suffix == ".parquet":
         return _parquet_rows(path)
     raise StagingError(f"{path}: data files must be .jsonl or .parquet")

@@ -115,7 +115,7 @@ def test_validation_data_is_verified_and_checked(tmp_path: Path, scoring: list[d
     with pytest.raises(ManifestMismatchError, match=r"validation/0\.jsonl: size"):
         run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
     write_manifest(tmp_path / "data")  # staged like that: the row itself is refused
-    with pytest.raises(EvalError, match=r"0\.jsonl:1: a validation row needs prompt and answer"):
+    with pytest.raises(StagingError, match=r"0\.jsonl:1: missing column\(s\) \['answer'\]"):
         run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
     with pytest.raises(EvalError, match="k >= 2"):
         run_eval(tmp_path, [path], None, tmp_path / "eval", k=1, seed=0)
