@@ -36,10 +36,11 @@ def _unknown(user: dict[str, Any], base: dict[str, Any], prefix: str) -> list[st
     return out
 
 
-def _merge(base: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
-    for key, value in user.items():
-        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    for key, value in update.items():
+        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = deep_merge(merged[key], value) if nested else value
     return merged
 
 
@@ -51,7 +52,7 @@ def check_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
             f"launch document recipe has unknown keys {unknown}; config/trainer/base.yaml is the schema "
             "(fix the spelling, or add the key there)"
         )
-    full = _merge(base_recipe(), recipe)
+    full = deep_merge(base_recipe(), recipe)
     t, g = full["trainer"], full["generator"]
     p = t["placement"]
     world = int(p["policy_num_nodes"]) * int(p["policy_num_gpus_per_node"])

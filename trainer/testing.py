@@ -17,6 +17,7 @@ import yaml
 
 from rlbuild.staging import write_manifest
 from trainer import tasks, tiny
+from trainer.config import deep_merge
 
 TEST_RECIPE: dict[str, Any] = {
     "trainer": {
@@ -44,13 +45,6 @@ def base_model_dir(seed: int = 0) -> Path:
         except OSError:  # another test process finished first; use its copy
             shutil.rmtree(partial, ignore_errors=True)
     return folder
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in update.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def write_test_launch(tmp_path: Path, task: str = "addition", seed: int = 0, **overrides: Any) -> Path:
