@@ -2,14 +2,20 @@
 
 The file is rewritten whole each step (S3 has no append); on resume, lines after the resumed step are dropped
 so the file always describes one consistent run.
+
+W&B (`trainer.logger: wandb`) reads its usual environment: online it needs WANDB_API_KEY; with WANDB_MODE=offline
+it needs no account or network and writes `wandb/offline-run-*` under WANDB_DIR (default: the working directory),
+which `wandb sync` uploads later.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
+from rlbuild.redact import redact_text
 from trainer import storage
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "kl", "entropy", "grad_norm", "step_time_s")
@@ -25,16 +31,7 @@ class MetricsWriter:
         for line in existing.splitlines():
             if line.strip() and json.loads(line).get("step", 0) <= resume_step:
                 self.lines.append(line)
-        self.wandb = None
-        if logger == "wandb":
-            try:
-                import wandb
-            except ImportError as exc:
-                raise RuntimeError(
-                    "trainer.logger=wandb but the wandb package is not installed; install it (WANDB_MODE=offline "
-                    "works without an account) or set trainer.logger: console"
-                ) from exc
-            self.wandb = wandb.init(project=project, name=run_id, id=run_id, resume="allow", config=config)
+        self.wandb = _wandb_run(project, run_id, config) if logger == "wandb" else None
 
     def log(self, step: int, values: dict[str, Any], max_steps: int) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in values.items()}}
@@ -51,6 +48,34 @@ class MetricsWriter:
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _wandb_run(project: str, run_id: str, config: dict[str, Any]) -> Any:
+    try:
+        import wandb
+    except ImportError as exc:
+        raise RuntimeError(
+            "trainer.logger=wandb but the wandb package is not installed; run scripts/setup.sh "
+            "or set trainer.logger: console"
+        ) from exc
+    root = os.environ.get("WANDB_DIR")
+    if root:  # made here: wandb would quietly fall back to the system temp directory for one it cannot write
+        try:
+            os.makedirs(root, exist_ok=True)
+            writable = os.access(root, os.W_OK | os.X_OK)
+        except OSError:
+            writable = False
+        if not writable:
+            raise RuntimeError(f"WANDB_DIR={root} is not a writable directory; point WANDB_DIR at one or unset it")
+    try:
+        return wandb.init(project=project, name=run_id, id=run_id, resume="allow", config=config)
+    except wandb.Error as exc:
+        lines = str(exc).strip().splitlines()
+        reason = redact_text(lines[0]) if lines else type(exc).__name__
+        raise RuntimeError(
+            f"trainer.logger=wandb: wandb.init failed ({reason}); export WANDB_API_KEY, or set WANDB_MODE=offline "
+            "(no account or network needed), or use trainer.logger: console"
+        ) from exc
 
 
 def _plain(value: Any) -> Any:
