@@ -164,3 +164,15 @@ class Launch:
     def policy_world_size(self) -> int:
         p = self.recipe["trainer"]["placement"]
         return int(p["policy_num_nodes"]) * int(p["policy_num_gpus_per_node"])
+
+
+def reference_ranks(recipe: dict[str, Any]) -> int:
+    """Workers of a reference role with GPUs of its own; 0 when the reference lives in the policy workers.
+
+    The role plan gives the reference its own nodes with `colocate_all: false` and `ref_num_nodes > 0`
+    (rendered as `colocate_policy_ref: false`); without a KL term there is nothing for it to do.
+    """
+    placement, algorithm = recipe["trainer"]["placement"], recipe["trainer"]["algorithm"]
+    if placement["colocate_all"] or placement["colocate_policy_ref"] or not algorithm["use_kl_loss"]:
+        return 0
+    return int(placement["ref_num_nodes"]) * int(placement["ref_num_gpus_per_node"])

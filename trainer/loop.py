@@ -149,6 +149,13 @@ class Cluster:
         ]
         return [r for part in ray.get(futures) for r in part]
 
+    def reference_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Score the batch on the reference workers, a contiguous share of rows each."""
+        workers = self.roles.reference
+        size = -(-batch["input_ids"].shape[0] // len(workers))
+        parts = [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(len(workers))]
+        return torch.cat(ray.get([w.logprobs.remote(p) for w, p in zip(workers, parts, strict=True)]))
+
     def sync_weights(self, probe: list[int], probe_start: int, tolerance: float) -> float:
         """Push the policy's full weights to every engine, then check engine logprobs == policy logprobs."""
         refs = [w.full_state_dict.remote() for w in self.roles.policy]
@@ -302,6 +309,8 @@ def _train(
         if t["algorithm"]["zero_variance_filter"]:
             batch, rows_per_mini = drop_zero_variance_groups(batch, rewards, group_size, mini_rows, world)
         add_loss_weights(batch, rows_per_mini, t["algorithm"]["loss_reduction"])
+        if cluster.roles.reference:
+            batch["ref_logprobs"] = cluster.reference_logprobs(batch)
         shards = shard(batch, rows_per_mini, world)
         micro = int(t["micro_train_batch_size_per_gpu"])
         results = ray.get(

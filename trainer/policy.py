@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainer import grpo, storage
+from trainer.config import reference_ranks
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -50,18 +51,72 @@ def node_ip() -> str:
 
 
 def forward_logprobs(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    with_entropy: bool,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Completion-token logprobs [b, C] (and entropies) of [left-padded prompt | right-padded completion]."""
+    """Completion-token logprobs [b, C] (and entropies) of [left-padded prompt | right-padded completion].
+
+    `share_prompts` computes each distinct prompt once (see `_shared_prompt_logits`): same result, fewer tokens.
+    """
     ids, attention = batch["input_ids"], batch["attention_mask"]
     completion_width = batch["completion_mask"].shape[1]
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-    logits = logits[:, -completion_width - 1 : -1]
+    logits = _shared_prompt_logits(model, ids, attention, positions, completion_width) if share_prompts else None
+    if logits is None:
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+        logits = logits[:, -completion_width - 1 : -1]
     targets = ids[:, -completion_width:]
     if not with_entropy:
         return grpo.token_logprobs(logits, targets, temperature), None
     return grpo.logprobs_and_entropy(logits, targets, temperature)
+
+
+def _shared_prompt_logits(
+    model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, completion_width: int
+) -> torch.Tensor | None:
+    """Logits predicting each completion token, running every distinct prompt once; None if none repeats.
+
+    A GRPO group is n samples of one prompt: the prompt's keys/values are computed once, with gradients, and
+    every completion of the group attends to them, so the prompt costs 1/n of its tokens and gradients flow
+    back through the shared cache exactly as through n copies.
+    """
+    prompt_width = ids.shape[1] - completion_width
+    prompts, inverse = torch.unique(ids[:, :prompt_width], dim=0, return_inverse=True)
+    if len(prompts) == len(ids):
+        return None
+    # The row of each distinct prompt's first occurrence (scatter keeps the last write: the lowest row).
+    first = torch.empty(len(prompts), dtype=torch.long, device=ids.device)
+    first.scatter_(0, inverse.flip(0), torch.arange(len(ids) - 1, -1, -1, device=ids.device))
+    head = model(
+        input_ids=prompts,
+        attention_mask=attention[first, :prompt_width],
+        position_ids=positions[first, :prompt_width],
+        use_cache=True,
+    )
+    cache = head.cache
+    cache.batch_select_indices(inverse)
+    tail = model(
+        input_ids=ids[:, prompt_width:],
+        attention_mask=attention,
+        position_ids=positions[:, prompt_width:],
+        cache=cache,
+        use_cache=False,
+    )
+    return torch.cat([head.logits[inverse, -1:], tail.logits[:, :-1]], dim=1)
+
+
+@torch.no_grad()
+def score(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, chunk_rows: int) -> torch.Tensor:
+    """No-grad completion logprobs [b, C] of a whole batch, `chunk_rows` rows per forward, prompts shared."""
+    out = torch.zeros(batch["completion_mask"].shape, device=batch["completion_mask"].device)
+    for start in range(0, out.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        part, kept = _take(batch, rows)
+        out[rows, :kept] = forward_logprobs(model, part, temperature, False, share_prompts=True)[0]
+    return out
 
 
 class PolicyWorker:
@@ -96,7 +151,7 @@ class PolicyWorker:
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
         algorithm = trainer["algorithm"]
         self.ref = None
-        if algorithm["use_kl_loss"]:
+        if algorithm["use_kl_loss"] and reference_ranks(self.recipe) == 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.fsdp = trainer["strategy"] == "fsdp2" and self.device.type == "cuda"
         if self.fsdp:
@@ -121,6 +176,7 @@ class PolicyWorker:
             lr=float(opt["lr"]),
             betas=tuple(opt["adam_betas"]),
             weight_decay=float(opt["weight_decay"]),
+            fused=True,  # one kernel for all parameters (CPU and CUDA); the per-tensor loop costs ~2 ms a step here
         )
         warmup = int(opt["num_warmup_steps"])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -139,17 +195,14 @@ class PolicyWorker:
         per_mini = rows // minis
         mask = shard["completion_mask"]
         forward_rows = int(trainer["micro_forward_batch_size_per_gpu"])
-        chunks = [slice(i, i + forward_rows) for i in range(0, rows, forward_rows)]
         self.model.eval()
-        with torch.no_grad():
-            ref = None
-            if self.ref is not None:
-                ref = torch.cat([forward_logprobs(self.ref, _take(shard, s), temperature, False)[0] for s in chunks])
-            # With one optimizer step per epoch, the first epoch's forwards all run before any update, so they
-            # *are* the old policy's logprobs: reuse them instead of a separate no-grad pass.
-            old = None
-            if minis > 1:
-                old = torch.cat([forward_logprobs(self.model, _take(shard, s), temperature, False)[0] for s in chunks])
+        # Reference logprobs come with the shard when the reference has GPUs of its own (trainer/reference.py).
+        ref = shard.get("ref_logprobs")
+        if ref is None and self.ref is not None:
+            ref = score(self.ref, shard, temperature, forward_rows)
+        # With one optimizer step per epoch, the first epoch's forwards all run before any update, so they
+        # *are* the old policy's logprobs: reuse them instead of a separate no-grad pass.
+        old = score(self.model, shard, temperature, forward_rows) if minis > 1 else None
         old_seen = torch.zeros_like(mask)
         sums = {name: torch.zeros((), device=self.device) for name in _SUMMED}
         grad_norms = []
@@ -160,12 +213,15 @@ class PolicyWorker:
                 starts = range(m * per_mini, (m + 1) * per_mini, micro)
                 for n, start in enumerate(starts):
                     part = slice(start, min(start + micro, (m + 1) * per_mini))
-                    batch = _take(shard, part)
+                    batch, width = _take(shard, part)
                     loss, old_part = self._micro_loss(
-                        batch, None if old is None else old[part], None if ref is None else ref[part], sums
+                        batch,
+                        None if old is None else old[part, :width],
+                        None if ref is None else ref[part, :width],
+                        sums,
                     )
                     if epoch == 0:
-                        old_seen[part] = old_part
+                        old_seen[part, :width] = old_part
                     # DDP averages gradients over ranks; the weights already normalise over the whole
                     # mini-batch, so scale by the world size to get the sum. Sync only on the last micro-batch.
                     if self.model is self.module or self.fsdp or n == len(starts) - 1:
@@ -311,5 +367,27 @@ _SUMMED = ("pg_loss", "kl_tokens", "entropy_tokens", "clipped_tokens")
 _ALL_SUMS = (*_SUMMED, "tokens", "log_ratio_rollout", "abs_log_ratio_rollout")
 
 
-def _take(batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
-    return {k: v[rows] for k, v in batch.items()}
+_PER_COMPLETION_TOKEN = ("completion_mask", "rollout_logprobs", "ref_logprobs", "loss_weights", "seq_weights")
+
+
+def _take(batch: dict[str, torch.Tensor], rows: slice) -> tuple[dict[str, torch.Tensor], int]:
+    """Rows of a batch without the padding columns that none of them uses; returns them and their completion width.
+
+    The batch is padded to its longest prompt and completion; a micro-batch (often one GRPO group) is narrower.
+    Logprobs do not change: positions come from the attention mask, and dropped columns are masked everywhere.
+    """
+    part = {k: v[rows] for k, v in batch.items()}
+    completion_width = part["completion_mask"].shape[1]
+    prompt_width = part["input_ids"].shape[1] - completion_width
+    used = part["attention_mask"].any(dim=0).nonzero()
+    left = int(used.min()) if len(used) else 0
+    columns = part["completion_mask"].any(dim=0).nonzero()
+    kept = int(columns.max()) + 1 if len(columns) else 1  # an all-padding micro-batch keeps one column
+    if left == 0 and kept == completion_width:
+        return part, completion_width
+    for key in ("input_ids", "attention_mask"):
+        part[key] = part[key][:, left : prompt_width + kept]
+    for key in _PER_COMPLETION_TOKEN:
+        if key in part:
+            part[key] = part[key][:, :kept]
+    return part, kept

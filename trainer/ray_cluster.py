@@ -2,8 +2,9 @@
 
 Placement follows SkyRL: one placement-group bundle per policy rank ("GPU" slice). With `colocate_all` the
 policy ranks, their reference models (which live inside the policy workers) and the inference engines share
-those bundles, each taking half of a slice; otherwise the engines get bundles of their own. On a machine
-without GPUs a bundle is one CPU, so the role-plan arithmetic is exercised exactly as on a cluster.
+those bundles, each taking half of a slice; otherwise the engines get bundles of their own, and so does the
+reference when the role plan gives it nodes (`reference_ranks`). On a machine without GPUs a bundle is one
+CPU, so the role-plan arithmetic is exercised exactly as on a cluster.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from trainer import storage
+from trainer.config import reference_ranks
 from trainer.engines import make_engine
 from trainer.policy import PolicyWorker
+from trainer.reference import ReferenceWorker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACEMENT_TIMEOUT_S = 180
@@ -79,10 +82,11 @@ class EngineActor:
 class Roles:
     policy: list[Any]
     engines: list[Any]
+    reference: list[Any]
     group: PlacementGroup
 
     def shutdown(self) -> None:
-        for actor in [*self.policy, *self.engines]:
+        for actor in [*self.policy, *self.engines, *self.reference]:
             ray.kill(actor)
         remove_placement_group(self.group)
 
@@ -102,7 +106,7 @@ def _shape(recipe: dict[str, Any]) -> tuple[int, int, int, bool]:
 
 def bundles_needed(recipe: dict[str, Any]) -> int:
     world, num_engines, engine_slots, colocated = _shape(recipe)
-    return world if colocated else world + num_engines * engine_slots
+    return world if colocated else world + reference_ranks(recipe) + num_engines * engine_slots
 
 
 def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend: str) -> Roles:
@@ -139,8 +143,13 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
         policy_cls.options(**options(rank, share)).remote(rank, world, recipe, model_uri, cache_dir, threads)
         for rank in range(world)
     ]
+    reference_cls = ray.remote(ReferenceWorker)
+    reference = [
+        reference_cls.options(**options(world + i, 1.0)).remote(recipe, model_uri, cache_dir, threads)
+        for i in range(reference_ranks(recipe))
+    ]
     engine_cls = ray.remote(EngineActor)
-    first_engine_bundle = 0 if colocated else world
+    first_engine_bundle = 0 if colocated else world + len(reference)
     engines = [
         engine_cls.options(**options(first_engine_bundle + i * engine_slots, share)).remote(
             backend, model_uri, cache_dir, generator, int(trainer["seed"]), threads
@@ -152,4 +161,4 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
     # All ranks on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
     master_addr = "127.0.0.1" if len(set(nodes)) == 1 else master_addr
     ray.get([w.setup.remote(master_addr, port) for w in policy])
-    return Roles(policy, engines, group)
+    return Roles(policy, engines, reference, group)

@@ -141,3 +141,24 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
     doc = _doc(launch)
     assert json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())["global_step"] == 2
     assert all(r["weight_sync_max_abs_diff"] < 1e-4 for r in _metrics(doc))
+
+
+@pytest.mark.timeout(400)
+def test_a_reference_on_its_own_workers_trains_exactly_like_a_colocated_one(tmp_path: Path) -> None:
+    """Same seed, same steps: only where the reference model runs differs, so every training metric matches."""
+    from trainer import loop
+    from trainer.config import Launch, reference_ranks
+
+    runs = {}
+    for name, own_nodes in (("colocated", False), ("separate", True)):
+        placement = {"colocate_all": False, "colocate_policy_ref": not own_nodes}
+        launch = Launch.load(
+            write_test_launch(tmp_path / name, trainer={"trainer": {"max_steps": 2, "placement": placement}})
+        )
+        assert reference_ranks(launch.recipe) == (1 if own_nodes else 0)
+        loop.run(launch)
+        runs[name] = _metrics(launch.document)
+    for colocated, separate in zip(runs["colocated"], runs["separate"], strict=True):
+        assert colocated["kl"] > 0, "the KL term must be live for the comparison to mean anything"
+        for key in ("reward_mean", "kl", "pg_loss", "grad_norm", "entropy"):
+            assert separate[key] == pytest.approx(colocated[key], rel=1e-4, abs=1e-6), (key, colocated["step"])
