@@ -20,7 +20,9 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM
 
+from trainer import weight_sync
 from trainer.grpo import token_logprobs
+from trainer.weight_sync import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,17 @@ class Rollout:
 class InferenceEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[Rollout]: ...
 
-    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None: ...
+    def sync_ranks(self) -> int:
+        """How many ranks of the weight-sync group this engine takes (one per process holding weights)."""
+        ...
+
+    def open_weight_sync(self, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
+        """Join the weight-sync group (trainer/weight_sync.py) as ranks first_rank..first_rank + sync_ranks - 1."""
+        ...
+
+    def receive_weights(self, specs: list[TensorSpec]) -> None:
+        """Receive one broadcast of the policy's full weights and load them."""
+        ...
 
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         """log p(token_ids[i] | token_ids[:i]) at temperature 1 for i >= start: the weight-sync check."""
@@ -142,6 +154,16 @@ class TorchEngine:
         if missing or unexpected:
             raise EngineError(f"weight sync: missing {missing[:5]} / unexpected {unexpected[:5]} parameter names")
 
+    def sync_ranks(self) -> int:
+        return 1
+
+    def open_weight_sync(self, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
+        self.sync = (weight_sync.open_group(backend, master_addr, port, first_rank, world_size), backend)
+
+    def receive_weights(self, specs: list[TensorSpec]) -> None:
+        group, backend = self.sync
+        self.load_weights({name: tensor.to(self.device) for name, tensor in weight_sync.receive(group, specs, backend)})
+
     @torch.inference_mode()
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         ids = torch.tensor([token_ids], device=self.device)
@@ -149,13 +171,21 @@ class TorchEngine:
         return token_logprobs(logits, ids[0, start:], 1.0).cpu().tolist()
 
 
-def _vllm_reload(worker: Any, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside each vLLM worker (collective_rpc): load a full set of HF-named weights."""
-    worker.model_runner.model.load_weights(weights=iter(named_tensors))
+def _vllm_open_sync(worker: Any, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
+    """Runs inside each vLLM worker (collective_rpc): join the weight-sync group as first_rank + its own rank."""
+    worker.rlbuild_weight_sync = weight_sync.open_group(
+        backend, master_addr, port, first_rank + worker.rank, world_size
+    )
+
+
+def _vllm_receive(worker: Any, specs: list[TensorSpec], backend: str) -> None:
+    """Runs inside each vLLM worker: receive the full HF-named weights; vLLM's loader shards them for TP/PP."""
+    tensors = weight_sync.receive(worker.rlbuild_weight_sync, specs, backend)
+    worker.model_runner.model.load_weights(weights=tensors)
 
 
 class VLLMEngine:
-    """vLLM's offline engine. Weight sync: full HF-named tensors through `collective_rpc` + `load_weights`."""
+    """vLLM's offline engine. Weight sync: every vLLM worker joins the sync group and receives the broadcast."""
 
     def __init__(
         self,
@@ -170,10 +200,11 @@ class VLLMEngine:
         seed: int,
         max_model_len: int,
     ) -> None:
-        # collective_rpc pickles the reload function; vLLM refuses that unless told it is intended.
+        # collective_rpc pickles the sync functions; vLLM refuses that unless told it is intended.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         from vllm import LLM
 
+        self.ranks = tensor_parallel_size * pipeline_parallel_size * data_parallel_size
         self.llm = LLM(
             model=str(model_dir),
             tensor_parallel_size=tensor_parallel_size,
@@ -212,9 +243,16 @@ class VLLMEngine:
             rollouts.append(Rollout(ids, logps, completion.finish_reason == "stop"))
         return rollouts
 
-    def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
+    def sync_ranks(self) -> int:
+        return self.ranks
+
+    def open_weight_sync(self, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
+        self.backend = backend
+        self.llm.collective_rpc(_vllm_open_sync, args=(backend, master_addr, port, first_rank, world_size))
+
+    def receive_weights(self, specs: list[TensorSpec]) -> None:
         self.llm.reset_prefix_cache()
-        self.llm.collective_rpc(_vllm_reload, args=(list(named_tensors.items()),))
+        self.llm.collective_rpc(_vllm_receive, args=(specs, self.backend))
 
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         from vllm import SamplingParams as VSamplingParams

@@ -13,7 +13,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from trainer.engines import Rollout, SamplingParams, max_abs_difference, resolve
 from trainer.metrics import MetricsWriter
 from trainer.ray_cluster import Roles, bundles_needed, connect, place_roles
 from trainer.tasks import read_jsonl
+from trainer.weight_sync import TensorSpec
 
 DEV_VERSION = "dev"
 
@@ -139,6 +140,7 @@ def shard(batch: dict[str, torch.Tensor], mini_rows: int, world: int) -> list[di
 class Cluster:
     roles: Roles
     started_ray: bool
+    weight_specs: list[TensorSpec] = field(default_factory=list)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[Rollout]:
         """Split the prompts over the engines in contiguous chunks (groups stay on one engine when they fit)."""
@@ -156,11 +158,37 @@ class Cluster:
         parts = [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(len(workers))]
         return torch.cat(ray.get([w.logprobs.remote(p) for w, p in zip(workers, parts, strict=True)]))
 
+    def open_weight_sync(self, backend: str) -> None:
+        """Open the policy -> engines broadcast group (trainer/weight_sync.py) and learn what it will carry."""
+        policy, engines = self.roles.policy, self.roles.engines
+        if backend == "nccl" and not torch.cuda.is_available() and ray.cluster_resources().get("GPU", 0) == 0:
+            raise TrainError(
+                "generator.weight_sync_backend=nccl needs GPUs on the policy and the engines; this cluster has "
+                "none. Use weight_sync_backend: gloo on CPU."
+            )
+        ranks = ray.get([e.sync_ranks.remote() for e in engines])
+        first_ranks = [1 + sum(ranks[:i]) for i in range(len(engines))]
+        nodes = set(ray.get([policy[0].node.remote(), *[e.node.remote() for e in engines]]))
+        master_addr, port = ray.get(policy[0].address.remote())
+        master_addr = "127.0.0.1" if len(nodes) == 1 else master_addr
+        world = 1 + sum(ranks)
+        ray.get(
+            [
+                policy[0].open_weight_sync.remote(backend, master_addr, port, world),
+                *[
+                    e.open_weight_sync.remote(backend, master_addr, port, r, world)
+                    for e, r in zip(engines, first_ranks, strict=True)
+                ],
+            ]
+        )
+        self.weight_specs = ray.get([w.weight_specs.remote() for w in policy])[0]
+
     def sync_weights(self, probe: list[int], probe_start: int, tolerance: float) -> float:
-        """Push the policy's full weights to every engine, then check engine logprobs == policy logprobs."""
-        refs = [w.full_state_dict.remote() for w in self.roles.policy]
-        ray.get(refs[1:])
-        ray.get([e.load_weights.remote(refs[0]) for e in self.roles.engines])
+        """Broadcast the policy's full weights to every engine, then check engine logprobs == policy logprobs."""
+        ray.get(
+            [w.broadcast_weights.remote() for w in self.roles.policy]
+            + [e.receive_weights.remote(self.weight_specs) for e in self.roles.engines]
+        )
         expected = ray.get([w.sequence_logprobs.remote(probe, probe_start) for w in self.roles.policy])[0]
         worst = 0.0
         for engine in self.roles.engines:
@@ -235,6 +263,7 @@ def _run_with_inputs(
     started = connect(launch.ray_address, bundles_needed(recipe))
     cluster = Cluster(place_roles(recipe, launch.model_uri, str(cache_dir), backend), started)
     try:
+        cluster.open_weight_sync(g["weight_sync_backend"])
         return _train(launch, cluster, manager, resume, tokenizer, environment, kept, validation_rows, terminal_uri)
     finally:
         cluster.shutdown()

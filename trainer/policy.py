@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import math
 import os
 import shutil
 import socket
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from trainer import grpo, storage
+from trainer import grpo, storage, weight_sync
 from trainer.config import reference_ranks
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -108,6 +110,24 @@ def _shared_prompt_logits(
     return torch.cat([head.logits[inverse, -1:], tail.logits[:, :-1]], dim=1)
 
 
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    """The learning-rate factor after n optimizer steps: linear warmup, then constant or cosine to min_lr_ratio."""
+
+    kind: str  # constant_with_warmup | cosine_with_warmup
+    warmup: int
+    total: int
+    min_ratio: float
+
+    def __call__(self, n: int) -> float:
+        if n < self.warmup:
+            return (n + 1) / self.warmup
+        if self.kind == "constant_with_warmup":
+            return 1.0
+        progress = min((n - self.warmup) / max(self.total - self.warmup, 1), 1.0)
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 @torch.no_grad()
 def score(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float, chunk_rows: int) -> torch.Tensor:
     """No-grad completion logprobs [b, C] of a whole batch, `chunk_rows` rows per forward, prompts shared."""
@@ -178,10 +198,12 @@ class PolicyWorker:
             weight_decay=float(opt["weight_decay"]),
             fused=True,  # one kernel for all parameters (CPU and CUDA); the per-tensor loop costs ~2 ms a step here
         )
-        warmup = int(opt["num_warmup_steps"])
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+        minis = int(trainer["train_batch_size"]) // int(trainer["policy_mini_batch_size"])
+        total = int(trainer["max_steps"]) * minis * int(trainer["update_epochs_per_batch"])
+        schedule = LearningRateSchedule(
+            opt["scheduler"], int(opt["num_warmup_steps"]), total, float(opt["min_lr_ratio"])
         )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
     # ------------------------------------------------------------------ training
 
@@ -301,10 +323,21 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------ weights and checkpoints
 
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full policy weights on rank 0 (HF names, CPU); None elsewhere. Every rank must call this."""
+    def open_weight_sync(self, backend: str, master_addr: str, port: int, world_size: int) -> None:
+        """Host the weight-sync group as its rank 0 (called on rank 0, with every engine joining at once)."""
+        self.weight_sync = (weight_sync.open_group(backend, master_addr, port, 0, world_size), backend)
+
+    def weight_specs(self) -> list[weight_sync.TensorSpec] | None:
+        """Names, shapes and dtypes of the full weights, on rank 0; None elsewhere. Every rank must call this."""
         state = get_model_state_dict(self.model, options=FULL)
-        return {k: v.detach().clone() for k, v in state.items()} if self.rank == 0 else None
+        return weight_sync.specs_of(state) if self.rank == 0 else None
+
+    def broadcast_weights(self) -> None:
+        """Gather the full weights and broadcast them to the engines (rank 0 sends). Every rank must call this."""
+        state = get_model_state_dict(self.model, options=FULL)
+        if self.rank == 0:
+            group, backend = self.weight_sync
+            weight_sync.send(group, state, backend)
 
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         """Temperature-1 logprobs of token_ids[start:], for the weight-sync check. Every rank must call this."""

@@ -71,8 +71,17 @@ class EngineActor:
     def generate(self, prompts: list[list[int]], params: Any, seed: int) -> list[Any]:
         return self.engine.generate(prompts, params, seed)
 
-    def load_weights(self, named_tensors: dict[str, Any]) -> None:
-        self.engine.load_weights(named_tensors)
+    def node(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def sync_ranks(self) -> int:
+        return self.engine.sync_ranks()
+
+    def open_weight_sync(self, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
+        self.engine.open_weight_sync(backend, master_addr, port, first_rank, world_size)
+
+    def receive_weights(self, specs: list[Any]) -> None:
+        self.engine.receive_weights(specs)
 
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         return self.engine.sequence_logprobs(token_ids, start)

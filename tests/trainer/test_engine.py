@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-from trainer import engines, loop, tasks
+from trainer import engines, loop, tasks, weight_sync
 from trainer.engines import SamplingParams, TorchEngine
-from trainer.policy import forward_logprobs
+from trainer.policy import forward_logprobs, free_port
 from trainer.testing import base_model_dir
 
 
@@ -88,6 +89,31 @@ def test_weight_sync_makes_engine_logprobs_equal_policy_logprobs(model_dir: Path
     assert _sync_and_compare(engine, policy, sequence) > 1e-3
     engine.load_weights(policy.state_dict())
     assert _sync_and_compare(engine, policy, sequence) < 1e-5
+
+
+def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path) -> None:
+    """The sync path the trainer runs: policy rank 0 broadcasts, the engine receives into its own weights."""
+    engine = TorchEngine(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    _perturb(policy)
+    sequence = [1, 7, 67, 8, 69, 15, 2]
+    assert _sync_and_compare(engine, policy, sequence) > 1e-3
+    state = policy.state_dict()
+    port = free_port()
+    sender = threading.Thread(
+        target=lambda: weight_sync.send(weight_sync.open_group("gloo", "127.0.0.1", port, 0, 2), state, "gloo")
+    )
+    sender.start()
+    engine.open_weight_sync("gloo", "127.0.0.1", port, first_rank=1, world_size=2)
+    engine.receive_weights(weight_sync.specs_of(state))
+    sender.join(timeout=60)
+    assert not sender.is_alive()
+    assert _sync_and_compare(engine, policy, sequence) < 1e-5
+
+
+def test_an_unknown_weight_sync_backend_is_named() -> None:
+    with pytest.raises(ValueError, match="weight_sync_backend='mpi' is not supported"):
+        weight_sync.open_group("mpi", "127.0.0.1", free_port(), 0, 1)
 
 
 def test_weight_sync_keeps_tied_embeddings_tied(tmp_path: Path) -> None:

@@ -1,0 +1,64 @@
+"""Weight sync from the policy to the engines over a process group of their own (`generator.weight_sync_backend`).
+
+Rank 0 of the group is policy rank 0; engine e is rank e + 1. Each sync, policy rank 0 broadcasts every tensor
+of the full (unsharded, HF-named) state dict in the order of `specs`, and each engine receives them into
+buffers of the announced shape and dtype and loads them. gloo carries CPU tensors; nccl carries GPU tensors
+between GPUs without a trip through host memory or Ray's object store. The group is separate from the policy
+ranks' training group, as in SkyRL.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def specs_of(state: dict[str, torch.Tensor]) -> list[TensorSpec]:
+    """What a receiver needs to allocate, in the order the sender sends (sorted by name)."""
+    return [TensorSpec(name, tuple(state[name].shape), state[name].dtype) for name in sorted(state)]
+
+
+def open_group(backend: str, master_addr: str, port: int, rank: int, world_size: int) -> dist.ProcessGroup:
+    """Join the sync group; every member calls this at once (rank 0 hosts the rendezvous store)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"generator.weight_sync_backend={backend!r} is not supported; use one of {BACKENDS}")
+    if master_addr == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore(master_addr, port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
+    return dist.ProcessGroupNCCL(store, rank, world_size)
+
+
+def device_for(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def send(group: dist.ProcessGroup, state: dict[str, torch.Tensor], backend: str) -> None:
+    device = device_for(backend)
+    for spec in specs_of(state):
+        group.broadcast(state[spec.name].to(device).contiguous(), 0).wait()
+
+
+def receive(group: dist.ProcessGroup, specs: list[TensorSpec], backend: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs as they arrive; consume them all, in order, or the sender blocks."""
+    device = device_for(backend)
+    for spec in specs:
+        buffer = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+        group.broadcast(buffer, 0).wait()
+        yield spec.name, buffer
