@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from trainer import loop, tasks
-from trainer.config import Launch
+from trainer.config import Launch, deep_merge
 from trainer.evaluate import evaluate
 from trainer.testing import base_model_dir, write_test_launch
 
@@ -39,7 +39,13 @@ def ours(work: Path, settings: dict[str, Any]) -> dict[str, Any]:
             "eval_before_train": False,
             "update_epochs_per_batch": settings["epochs"],
             "num_threads": settings["threads"],
-            "policy": {"optimizer_config": {"lr": settings["lr"]}},
+            "policy": {
+                "optimizer_config": {
+                    "lr": settings["lr"],
+                    "scheduler": settings["scheduler"],
+                    "min_lr_ratio": settings["min_lr_ratio"],
+                }
+            },
             "algorithm": {"kl_loss_coef": settings["beta"], "use_kl_loss": settings["beta"] > 0},
         },
         "generator": {"n_samples_per_prompt": settings["group"]},
@@ -88,6 +94,7 @@ def trl(work: Path, settings: dict[str, Any]) -> dict[str, Any]:
         def on_step_end(self, *_: Any, **__: Any) -> None:
             self.times.append(time.perf_counter() - self.began)
 
+    constant = settings["scheduler"] == "constant_with_warmup"
     # One optimizer step = prompts x group samples in micro-batches of `micro`, as in ours.
     config = GRPOConfig(
         output_dir=str(work / "trl"),
@@ -99,7 +106,9 @@ def trl(work: Path, settings: dict[str, Any]) -> dict[str, Any]:
         max_completion_length=settings["max_tokens"],
         temperature=1.0,
         learning_rate=settings["lr"],
-        lr_scheduler_type="constant",
+        # Ours: linear warmup (none here) then constant, or cosine down to min_lr_ratio x lr at the last step.
+        lr_scheduler_type="constant" if constant else "cosine_with_min_lr",
+        lr_scheduler_kwargs={} if constant else {"min_lr_rate": settings["min_lr_ratio"]},
         adam_beta1=0.9,
         adam_beta2=0.99,
         weight_decay=0.0,
@@ -153,7 +162,10 @@ def main() -> None:
     base = yaml.safe_load((root / "config/trainer/base.yaml").read_text())
     experiment = yaml.safe_load((root / "config/experiments/tiny-addition.yaml").read_text())
     args.seed = experiment["seed"] if args.seed is None else args.seed
-    t = base["trainer"]
+    # The experiment's recipe over the base recipe: what the default job trains with.
+    t = deep_merge(base, experiment.get("recipe") or {})["trainer"]
+    optimizer = t["policy"]["optimizer_config"]
+    assert int(optimizer["num_warmup_steps"]) == 0, "the TRL side assumes no warmup"
     settings = {
         "steps": args.steps,
         "seed": args.seed,
@@ -162,7 +174,9 @@ def main() -> None:
         "micro": experiment["role_plan"]["micro_train_batch_size_per_gpu"],
         "group": experiment["role_plan"]["n_samples_per_prompt"],
         "epochs": t["update_epochs_per_batch"],
-        "lr": t["policy"]["optimizer_config"]["lr"],
+        "lr": float(optimizer["lr"]),
+        "scheduler": optimizer["scheduler"],
+        "min_lr_ratio": float(optimizer["min_lr_ratio"]),
         "beta": t["algorithm"]["kl_loss_coef"] if t["algorithm"]["use_kl_loss"] else 0.0,
         "max_tokens": base["generator"]["sampling_params"]["max_generate_length"],
         "validation": tasks.generate("addition", "validation", f"seed-{args.seed}"),

@@ -72,8 +72,7 @@ def check_credentials(recipe: dict[str, Any]) -> list[Violation]:
     return [
         Violation(
             "recipe.trainer.logger",
-            "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), "
-            "and none is set",
+            "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), and none is set",
             "export WANDB_API_KEY, or set WANDB_MODE=offline, or use logger: console",
         )
     ]

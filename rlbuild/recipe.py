@@ -26,6 +26,7 @@ STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
 CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.resume_mode": ("latest", "none", "from_path"),
     "trainer.logger": ("console", "wandb"),
+    "trainer.policy.optimizer_config.scheduler": ("constant_with_warmup", "cosine_with_warmup"),
     "trainer.algorithm.advantage_estimator": ("grpo",),
     "trainer.algorithm.kl_estimator_type": ("k3",),
     "trainer.algorithm.policy_loss_type": ("regular", "dual_clip"),

@@ -21,6 +21,9 @@ class LaunchError(ValueError):
     """A launch document the trainer cannot run; the message names the field, the value and the fix."""
 
 
+SCHEDULES = ("constant_with_warmup", "cosine_with_warmup")
+
+
 @cache
 def base_recipe() -> dict[str, Any]:
     return yaml.safe_load(BASE_RECIPE.read_text())
@@ -74,6 +77,14 @@ def check_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
             f"trainer.policy_mini_batch_size={mini} x n_samples_per_prompt={n} must split evenly over {world} policy "
             f"ranks into micro-batches of micro_train_batch_size_per_gpu={micro}"
         )
+    opt = t["policy"]["optimizer_config"]
+    if opt["scheduler"] not in SCHEDULES:
+        problems.append(
+            f"trainer.policy.optimizer_config.scheduler={opt['scheduler']!r} is not a schedule; use one of "
+            f"{', '.join(SCHEDULES)}"
+        )
+    if not 0.0 <= float(opt["min_lr_ratio"]) <= 1.0:
+        problems.append(f"trainer.policy.optimizer_config.min_lr_ratio={opt['min_lr_ratio']} must be in [0, 1]")
     if int(t["max_steps"]) < 1:
         problems.append(f"trainer.max_steps={t['max_steps']} must be >= 1")
     if t["resume_mode"] == "from_path" and not t["resume_path"]:

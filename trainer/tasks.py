@@ -1,18 +1,13 @@
 """Built-in verifiable tasks: deterministic `{prompt, answer}` rows for GRPO and evaluation.
 
 Tasks:
-- ``addition``: ``"a+b="`` -> ``str(a + b)`` for single digits a, b. Only 100 pairs exist. **Both splits are
-  the full table**: "held-out" for addition means greedy decoding of every pair, scored by exact match, while
-  training only ever sees sampled completions; it does *not* measure generalisation to unseen pairs.
-  Why: with a disjoint 80/20 split, GRPO on the tiny model fits the train pairs (sampled reward 0.6 at step
-  225) but reached only 0.15-0.25 on the 20 unseen pairs before its entropy collapsed (measured; supervised
-  training on the same 80 pairs does reach 0.75 on them), so the 0.6 target could not be met honestly on a
-  disjoint split within the 6-minute CPU budget. Generalisation is measured on ``reversal`` instead.
+- ``addition``: ``"a+b="`` -> ``str(a + b)`` for single digits a, b (100 pairs): 20 validation pairs and 80 train
+  pairs, disjoint. Held-out accuracy is greedy exact match on pairs that training never samples.
 - ``reversal``: ``"rev abc:"`` -> ``"cba"`` over 3 letters from a-e (125 strings): 25 validation strings and
   100 train strings, disjoint.
 
-A revision ``seed-N`` picks the permutation with seed N (it orders the addition rows and picks the reversal
-split); any other revision string is hashed to a seed, so every revision is reproducible.
+A revision ``seed-N`` picks the split with seed N; any other revision string is hashed to a seed, so every
+revision is reproducible.
 """
 
 from __future__ import annotations
@@ -51,14 +46,12 @@ def _all_rows(task: str) -> list[dict[str, str]]:
 
 
 def generate(task: str, split: str, revision: str) -> list[dict[str, str]]:
-    """The rows of `split` for `task` (reversal: disjoint splits covering every prompt; addition: the full table)."""
+    """The rows of `split` for `task`: the two splits are disjoint and together cover every prompt."""
     if split not in SPLITS:
         raise TaskError(f"split={split!r} is not a split; use one of {', '.join(SPLITS)}")
     rows = _all_rows(task)
     order = list(range(len(rows)))
     random.Random(revision_seed(revision)).shuffle(order)
-    if task == "addition":  # the full table in both splits: see the module docstring
-        return [rows[i] for i in order]
     n_val = round(len(rows) * VALIDATION_FRACTION)
     chosen = sorted(order[:n_val]) if split == "validation" else sorted(order[n_val:])
     return [rows[i] for i in chosen]

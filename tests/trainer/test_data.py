@@ -14,21 +14,15 @@ from trainer import grpo, loop, tasks
 from trainer.engines import Rollout
 
 
-def test_reversal_splits_are_deterministic_disjoint_and_complete() -> None:
-    train = tasks.generate("reversal", "train", "seed-0")
-    validation = tasks.generate("reversal", "validation", "seed-0")
-    assert train == tasks.generate("reversal", "train", "seed-0")
+@pytest.mark.parametrize(("task", "n_train", "n_validation"), [("addition", 80, 20), ("reversal", 100, 25)])
+def test_splits_are_deterministic_disjoint_and_complete(task: str, n_train: int, n_validation: int) -> None:
+    train = tasks.generate(task, "train", "seed-0")
+    validation = tasks.generate(task, "validation", "seed-0")
+    assert train == tasks.generate(task, "train", "seed-0")
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in validation}
-    assert len(train) == 100 and len(validation) == 25
-    assert validation != tasks.generate("reversal", "validation", "seed-1")
-
-
-def test_addition_splits_are_the_full_table() -> None:
-    train = tasks.generate("addition", "train", "seed-0")
-    validation = tasks.generate("addition", "validation", "seed-0")
-    assert len(train) == 100
-    assert sorted(r["prompt"] for r in train) == sorted(r["prompt"] for r in validation)
-    assert train == tasks.generate("addition", "train", "seed-0")
+    assert len(train) == n_train and len(validation) == n_validation
+    assert len({r["prompt"] for r in train + validation}) == n_train + n_validation
+    assert validation != tasks.generate(task, "validation", "seed-1")
 
 
 def test_rows_are_correct() -> None:

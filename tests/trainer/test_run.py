@@ -86,7 +86,9 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     evaluated = trainer("eval", "--model", str(out), "--data", data, "--out", str(results), "--k", "4")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scores = json.loads(results.read_text())
-    assert scores["n"] == 100 and 0.0 <= scores["accuracy"] <= scores["pass_at_k"] <= 1.0
+    assert scores["n"] == 20  # the validation pairs
+    # Greedy accuracy and pass@k (k samples at temperature 1) measure different things: neither bounds the other.
+    assert 0.0 <= scores["accuracy"] <= 1.0 and 0.0 <= scores["pass_at_k"] <= 1.0
 
 
 @pytest.mark.timeout(600)
