@@ -271,8 +271,12 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "dev",
         [("role_plan.colocate_all", "Input should be a valid boolean (got 'true')")],
     ),
-    ("wandb-without-key", {"recipe": {"trainer": {"logger": "wandb"}}}, "dev",
-     [("recipe.trainer.logger", "'wandb' needs WANDB_API_KEY in the submitting environment")]),
+    (
+        "wandb-without-key",
+        {"recipe": {"trainer": {"logger": "wandb"}}},
+        "dev",
+        [("recipe.trainer.logger", "'wandb' needs WANDB_API_KEY in the submitting environment")],
+    ),
     ("version-not-calendar", {}, "v1", [("version", "'v1' is not a calendar version")]),
     ("version-bad-date", {}, "2026.9.21", [("version", "'2026.9.21' is not a calendar version")]),
 ]
