@@ -79,7 +79,7 @@ def test_invalid_experiment_stops_the_dry_run_before_any_job(tmp_path: Path) -> 
     assert result.returncode == 2
     assert "3 problem(s) found before anything ran" in result.stderr
     assert "role_plan.num_inference_engines: colocated policy GPUs (1*1=1) != rollout GPUs" in result.stderr
-    assert "train_batch_size=16 is not a multiple of policy_mini_batch_size=5" in result.stderr
+    assert "train_batch_size=32 is not a multiple of policy_mini_batch_size=5" in result.stderr
     assert "Job stats" not in result.stdout + result.stderr
     assert not storage.exists()
 
