@@ -81,23 +81,27 @@ def _perturb(model: torch.nn.Module) -> None:
             p.add_(torch.randn(p.shape, generator=generator) * 0.05)
 
 
-def test_weight_sync_makes_engine_logprobs_equal_policy_logprobs(model_dir: Path) -> None:
+SEQUENCE = [1, 7, 67, 8, 69, 15, 2]
+
+
+def _engine_behind_a_trained_policy(model_dir: Path) -> tuple[TorchEngine, torch.nn.Module]:
+    """An engine on the base weights and a policy whose weights moved on (their logprobs differ)."""
     engine = TorchEngine(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     _perturb(policy)
-    sequence = [1, 7, 67, 8, 69, 15, 2]
-    assert _sync_and_compare(engine, policy, sequence) > 1e-3
+    assert _sync_and_compare(engine, policy, SEQUENCE) > 1e-3
+    return engine, policy
+
+
+def test_weight_sync_makes_engine_logprobs_equal_policy_logprobs(model_dir: Path) -> None:
+    engine, policy = _engine_behind_a_trained_policy(model_dir)
     engine.load_weights(policy.state_dict())
-    assert _sync_and_compare(engine, policy, sequence) < 1e-5
+    assert _sync_and_compare(engine, policy, SEQUENCE) < 1e-5
 
 
 def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path) -> None:
     """The sync path the trainer runs: policy rank 0 broadcasts, the engine receives into its own weights."""
-    engine = TorchEngine(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    _perturb(policy)
-    sequence = [1, 7, 67, 8, 69, 15, 2]
-    assert _sync_and_compare(engine, policy, sequence) > 1e-3
+    engine, policy = _engine_behind_a_trained_policy(model_dir)
     state = policy.state_dict()
     port = free_port()
     sender = threading.Thread(
@@ -108,7 +112,7 @@ def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path) -
     engine.receive_weights(weight_sync.specs_of(state))
     sender.join(timeout=60)
     assert not sender.is_alive()
-    assert _sync_and_compare(engine, policy, sequence) < 1e-5
+    assert _sync_and_compare(engine, policy, SEQUENCE) < 1e-5
 
 
 def test_an_unknown_weight_sync_backend_is_named() -> None:
