@@ -27,7 +27,7 @@ from trainer.checkpoint import CheckpointManager, Resume
 from trainer.config import Launch, LaunchError
 from trainer.engines import Rollout, SamplingParams, max_abs_difference, resolve_backend
 from trainer.metrics import MetricsWriter
-from trainer.ray_cluster import Roles, bundles_needed, connect, place_roles
+from trainer.ray_cluster import Roles, bundles_needed, connect, place_roles, rendezvous
 from trainer.tasks import read_jsonl
 from trainer.weight_sync import TensorSpec
 
@@ -168,9 +168,9 @@ class Cluster:
             )
         ranks = ray.get([e.sync_ranks.remote() for e in engines])
         first_ranks = [1 + sum(ranks[:i]) for i in range(len(engines))]
-        nodes = set(ray.get([policy[0].node.remote(), *[e.node.remote() for e in engines]]))
-        master_addr, port = ray.get(policy[0].address.remote())
-        master_addr = "127.0.0.1" if len(nodes) == 1 else master_addr
+        master_addr, port = rendezvous(
+            policy[0], ray.get([policy[0].node.remote(), *[e.node.remote() for e in engines]])
+        )
         world = 1 + sum(ranks)
         ray.get(
             [

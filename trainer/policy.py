@@ -160,8 +160,7 @@ class PolicyWorker:
 
     def setup(self, master_addr: str, master_port: int) -> None:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
-        if master_addr == "127.0.0.1":
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        weight_sync.prefer_loopback(master_addr)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend, rank=self.rank, world_size=self.world_size, timeout=datetime.timedelta(minutes=10)

@@ -118,6 +118,13 @@ def bundles_needed(recipe: dict[str, Any]) -> int:
     return world if colocated else world + reference_ranks(recipe) + num_engines * engine_slots
 
 
+def rendezvous(host: Any, nodes: list[str]) -> tuple[str, int]:
+    """Where a process group of actors on `nodes` meets: a free port on `host` (a policy worker)."""
+    master_addr, port = ray.get(host.address.remote())
+    # All members on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
+    return ("127.0.0.1" if len(set(nodes)) == 1 else master_addr), port
+
+
 def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend: str) -> Roles:
     trainer, generator = recipe["trainer"], recipe["generator"]
     placement = trainer["placement"]
@@ -165,9 +172,6 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
         )
         for i in range(num_engines)
     ]
-    nodes = ray.get([w.node.remote() for w in policy])
-    master_addr, port = ray.get(policy[0].address.remote())
-    # All ranks on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
-    master_addr = "127.0.0.1" if len(set(nodes)) == 1 else master_addr
+    master_addr, port = rendezvous(policy[0], ray.get([w.node.remote() for w in policy]))
     ray.get([w.setup.remote(master_addr, port) for w in policy])
     return Roles(policy, engines, reference, group)

@@ -1,10 +1,10 @@
 """Weight sync from the policy to the engines over a process group of their own (`generator.weight_sync_backend`).
 
-Rank 0 of the group is policy rank 0; engine e is rank e + 1. Each sync, policy rank 0 broadcasts every tensor
-of the full (unsharded, HF-named) state dict in the order of `specs`, and each engine receives them into
-buffers of the announced shape and dtype and loads them. gloo carries CPU tensors; nccl carries GPU tensors
-between GPUs without a trip through host memory or Ray's object store. The group is separate from the policy
-ranks' training group, as in SkyRL.
+Rank 0 of the group is policy rank 0; the engines' weight-holding processes follow, one rank each. Each sync,
+policy rank 0 broadcasts every tensor of the full (unsharded, HF-named) state dict in the order of `specs`, and
+each engine receives them into buffers of the announced shape and dtype and loads them. gloo carries CPU
+tensors; nccl carries GPU tensors between GPUs without a trip through host memory or Ray's object store. The
+group is separate from the policy ranks' training group, as in SkyRL.
 """
 
 from __future__ import annotations
@@ -37,12 +37,17 @@ def open_group(backend: str, master_addr: str, port: int, rank: int, world_size:
     """Join the sync group; every member calls this at once (rank 0 hosts the rendezvous store)."""
     if backend not in BACKENDS:
         raise ValueError(f"generator.weight_sync_backend={backend!r} is not supported; use one of {BACKENDS}")
-    if master_addr == "127.0.0.1":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    prefer_loopback(master_addr)
     store = dist.TCPStore(master_addr, port, world_size, is_master=rank == 0, timeout=TIMEOUT)
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
     return dist.ProcessGroupNCCL(store, rank, world_size)
+
+
+def prefer_loopback(master_addr: str) -> None:
+    """A group meeting on 127.0.0.1 talks over loopback (gloo would otherwise pick the host's first interface)."""
+    if master_addr == "127.0.0.1":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
 def device_for(backend: str) -> torch.device:
