@@ -1,9 +1,11 @@
 # rlbuild: every artifact of an RL experiment is a file target; the whole plan is checked before any job runs.
 # Logic lives in the `rlbuild` library and `trainer`; rules are inputs, outputs, resources and one call.
 import os
+import shlex
 import sys
 from pathlib import Path
 
+from rlbuild.artifacts import BY_KIND as ARTIFACT
 from rlbuild.cli import ALLOW_RETRAIN
 from rlbuild.errors import RlbuildError
 from rlbuild.workflow import Graph, experiment_file, fail
@@ -26,8 +28,8 @@ if config.get("allow_retrain"):
     # An environment variable, not a rule param: a param would count as provenance and retrigger training later.
     os.environ[ALLOW_RETRAIN] = "1"
 # The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too.
-RLBUILD = f"{sys.executable} -m rlbuild"
-ARGS = f"--experiment {EXPERIMENT_FILE} --storage-root {GRAPH.storage_root}"
+RLBUILD = f"{shlex.quote(sys.executable)} -m rlbuild"
+ARGS = shlex.join(["--experiment", str(EXPERIMENT_FILE), "--storage-root", GRAPH.storage_root])
 
 if not workflow.storage_settings.default_storage_provider:
 
@@ -45,7 +47,7 @@ localrules:
 
 rule all:
     input:
-        expand("eval/v{version}/results.json", version=config["versions"]),
+        expand(ARTIFACT["eval"].path(), version=config["versions"]),
     default_target: True
 
 

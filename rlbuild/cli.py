@@ -11,17 +11,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from rlbuild import storage
+from rlbuild.artifacts import RECORD_NAME
 from rlbuild.errors import PreflightError, RlbuildError
-from rlbuild.identity import RECORD_NAME
+from rlbuild.identity import derived_record
 from rlbuild.launch import dump_launch
+from rlbuild.plan import Plan, resolve_file
 from rlbuild.planview import format_plan, plan_dict
-from rlbuild.preflight import Plan, resolve_file
-from rlbuild.redact import redact, redact_text
-from rlbuild.storage import atomic_write_text, write_json
+from rlbuild.redact import redact_text
 
 EXIT_INVALID = 2
 ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"  # set by `--config allow_retrain=true`; forwarded to Iris jobs (RLBUILD_*)
@@ -34,6 +32,23 @@ def _storage_root(root: str) -> str:
 
 def _plan(args: argparse.Namespace) -> Plan:
     return resolve_file(Path(args.experiment), args.version, _storage_root(args.storage_root))
+
+
+def _write_record(path: Path, record: dict) -> None:
+    storage.write_json(str(path), record)
+
+
+def _trainer(*argv: str) -> int:
+    """rlbuild reaches the trainer only through its command line."""
+    return subprocess.run([sys.executable, "-m", "trainer", *argv], check=False).returncode
+
+
+def _derived(launch_path: str, kind: str) -> dict:
+    """The record of a kind built from the launch document, from the launch's own stored record."""
+    launch_record = storage.read_json(str(Path(launch_path).parent / RECORD_NAME))
+    if launch_record is None:
+        raise RlbuildError(f"{Path(launch_path).parent / RECORD_NAME} is missing; rerun the resolve_launch rule")
+    return derived_record(launch_record, kind)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -53,18 +68,17 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_base_model(args: argparse.Namespace) -> int:
-    from trainer.tiny import build_base_model
-
     plan = _plan(args)
     out = Path(args.out)
-    summary = build_base_model(out, seed=plan.experiment.seed)
-    write_json(out / "build.json", summary)
-    write_json(out / RECORD_NAME, plan.records["base_model"])
-    return 0
+    code = _trainer("base-model", "--out", str(out), "--seed", str(plan.experiment.seed))
+    if code == 0:
+        _write_record(out / RECORD_NAME, plan.records["base_model"])
+    return code
 
 
 def cmd_stage_model(args: argparse.Namespace) -> int:
-    from rlbuild.staging import parse_source, stage_model
+    from rlbuild.sources import parse_source
+    from rlbuild.staging import stage_model
 
     plan = _plan(args)
     model = plan.experiment.model
@@ -76,12 +90,13 @@ def cmd_stage_model(args: argparse.Namespace) -> int:
         out,
         artifact_dirs=artifacts,
     )
-    write_json(out / RECORD_NAME, plan.records["stage_model"])
+    _write_record(out / RECORD_NAME, plan.records["stage_model"])
     return 0
 
 
 def cmd_stage_data(args: argparse.Namespace) -> int:
-    from rlbuild.staging import parse_source, stage_data
+    from rlbuild.sources import parse_source
+    from rlbuild.staging import stage_data
 
     plan = _plan(args)
     data = plan.experiment.data
@@ -91,72 +106,44 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         [parse_source(d.source, d.revision) for d in data.validation],
         out,
     )
-    write_json(out / RECORD_NAME, plan.records["stage_data"])
+    _write_record(out / RECORD_NAME, plan.records["stage_data"])
     return 0
 
 
 def cmd_resolve_launch(args: argparse.Namespace) -> int:
     plan = _plan(args)
-    out = Path(args.out)
-    atomic_write_text(out, dump_launch(redact(plan.launch)))
-    atomic_write_text(Path(args.plan), format_plan(plan) + "\n")
-    write_json(Path(args.record), plan.records["launch"])
+    storage.write_text(args.out, redact_text(dump_launch(plan.launch)))
+    storage.write_text(args.plan, format_plan(plan) + "\n")
+    _write_record(Path(args.record), plan.records["launch"])
     return 0
-
-
-def _launch_record(launch_path: str) -> dict[str, Any]:
-    record = json.loads((Path(launch_path).parent / RECORD_NAME).read_text())
-    return record
-
-
-def _derived_record(launch_path: str, kind: str) -> dict[str, Any]:
-    from rlbuild.identity import make_record
-
-    launch = _launch_record(launch_path)
-    return make_record(
-        experiment=launch["name"],
-        kind=kind,
-        version=launch["version"],
-        fields=launch["fields"],
-        deps={"launch": launch["identity"]},
-    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    command = [sys.executable, "-m", "trainer", "run", "--launch", args.launch, "--terminal", args.terminal]
+    command = ["run", "--launch", args.launch, "--terminal", args.terminal]
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         command.append("--allow-retrain")
-    result = subprocess.run(command, check=False)
-    if result.returncode:
-        return result.returncode
-    write_json(Path(args.record), _derived_record(args.launch, "train"))
-    return 0
+    code = _trainer(*command)
+    if code == 0:
+        _write_record(Path(args.record), _derived(args.launch, "train"))
+    return code
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    command = [sys.executable, "-m", "trainer", "export", "--launch", args.launch, "--terminal", args.terminal]
-    result = subprocess.run([*command, "--out", args.out], check=False)
-    if result.returncode:
-        return result.returncode
-    write_json(Path(args.out) / RECORD_NAME, _derived_record(args.launch, "export"))
-    return 0
+    code = _trainer("export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out)
+    if code == 0:
+        _write_record(Path(args.out) / RECORD_NAME, _derived(args.launch, "export"))
+    return code
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from rlbuild.evaluation import run_eval
+    from rlbuild.launch import load_launch
 
-    launch = yaml.safe_load(Path(args.launch).read_text())
+    launch = load_launch(args.launch)
     out = Path(args.out)
     validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
-    run_eval(
-        Path(args.model),
-        validation,
-        launch["artifacts"]["metrics_uri"],
-        out,
-        k=args.k,
-        seed=launch["run"]["seed"],
-    )
-    write_json(out / RECORD_NAME, _derived_record(args.launch, "eval"))
+    run_eval(Path(args.model), validation, launch, out, k=args.k)
+    _write_record(out / RECORD_NAME, _derived(args.launch, "eval"))
     return 0
 
 

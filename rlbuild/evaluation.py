@@ -2,21 +2,27 @@
 
 Writes, into the eval directory: `results.json` (scores plus a summary of training), `results.html`
 (the same scores as a table, for the Snakemake report) and `curves.png` (reward per step and held-out
-accuracy per eval step). The scoring itself is the trainer's (`trainer.evaluate.evaluate`).
+accuracy per eval step). The scoring itself is the trainer's (`python -m trainer eval`).
 """
 
 from __future__ import annotations
 
 import html
+import io
 import json
 import math
-import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlbuild import storage
 from rlbuild.errors import RlbuildError
-from rlbuild.staging import filesystem, read_jsonl_rows, verify_staged
+from rlbuild.launch import LaunchDocument
+from rlbuild.manifest import verify_local
+from rlbuild.rows import read_rows as read_jsonl_rows
 
 RESULTS = "results.json"
 TABLE = "results.html"
@@ -34,7 +40,7 @@ def read_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
     for path in files:
         # Each staged directory once: its manifest covers all its files.
         if not any(Path(path).resolve().is_relative_to(root) for root in verified):
-            verified.add(verify_staged(path))
+            verified.add(verify_local(path))
     rows: list[dict[str, Any]] = []
     for path in files:
         rows.extend(read_jsonl_rows(Path(path)))
@@ -50,14 +56,10 @@ def read_metrics(metrics_uri: str | None) -> tuple[list[dict[str, Any]], int]:
 
     A training run killed mid-write leaves a torn last line; it is counted, not fatal.
     """
-    if not metrics_uri:
+    text = storage.read_text(metrics_uri) if metrics_uri else None
+    if text is None:
         return [], 0
-    fs, path = filesystem(metrics_uri)
-    try:
-        with fs.open(path, "r") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return [], 0
+    lines = text.splitlines()
     records: list[dict[str, Any]] = []
     unreadable = 0
     for line in lines:
@@ -105,7 +107,7 @@ def _score(result: Mapping[str, Any], key: str) -> float:
     value = result.get(key)
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise EvalError(
-            f"trainer.evaluate.evaluate returned no numeric {key!r} (keys: {sorted(result)}); "
+            f"`python -m trainer eval` returned no numeric {key!r} (keys: {sorted(result)}); "
             f"it must return {' and '.join(SCORES)}"
         )
     return float(value)
@@ -141,10 +143,10 @@ def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, pa
     ax_acc.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png", dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
+    storage.write_bytes(str(path), png.getvalue())
 
 
 def _table_html(results: Mapping[str, Any]) -> str:
@@ -176,35 +178,38 @@ def _table_html(results: Mapping[str, Any]) -> str:
     )
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def score_with_trainer(
+    model_dir: Path, validation_files: Sequence[Path], launch: LaunchDocument, k: int
+) -> dict[str, Any]:
+    """Greedy accuracy and pass@k from the trainer's own scorer (its command line: rlbuild never imports it)."""
+    recipe = launch.recipe
+    with tempfile.TemporaryDirectory(prefix="rlbuild-eval-") as tmp:
+        out = Path(tmp) / "scores.json"
+        command = [sys.executable, "-m", "trainer", "eval", "--model", str(model_dir), "--out", str(out)]
+        command += ["--k", str(k), "--seed", str(launch.run.seed), "--env-class", recipe.environment.env_class]
+        command += ["--max-tokens", str(recipe.generator.eval_sampling_params.max_generate_length)]
+        command += ["--data", *map(str, validation_files)]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode:
+            raise EvalError(f"scoring {model_dir} failed:\n{result.stderr.strip()[-3000:]}")
+        return json.loads(out.read_text())
 
 
 def run_eval(
-    model_dir: Path,
-    validation_files: Sequence[Path],
-    metrics_uri: str | None,
-    out_dir: Path,
-    *,
-    k: int = 4,
-    seed: int,
+    model_dir: Path, validation_files: Sequence[Path], launch: LaunchDocument, out_dir: Path, *, k: int = 4
 ) -> dict[str, Any]:
     """Score `model_dir` on the validation rows; write results.json, results.html and curves.png.
 
-    `metrics_uri` is the training run's metrics.jsonl (local path or s3://); None or absent means no
-    training curves (the plot says so). Returns the results document.
+    The training curves come from the run's metrics (the launch document's artifacts.metrics_uri); when there
+    are none, the plot says so. Returns the results document.
     """
     if k < 2:
         # The scorer reports greedy accuracy, and pass@k from k sampled answers only for k > 1.
         raise EvalError(f"k={k}: pass@k needs k >= 2 sampled answers per prompt; pass --k 2 or more")
     rows = read_rows(validation_files)
-    # The trainer (torch, transformers) is only needed once scoring starts.
-    from trainer.evaluate import evaluate
-
-    scored = evaluate(Path(model_dir), rows, k=k, seed=seed)
-    records, unreadable = read_metrics(metrics_uri)
+    scored = score_with_trainer(Path(model_dir), validation_files, launch, k)
+    seed = launch.run.seed
+    records, unreadable = read_metrics(launch.artifacts.metrics_uri)
     results: dict[str, Any] = {
         "accuracy": _score(scored, "accuracy"),
         "pass_at_k": _score(scored, "pass_at_k"),
@@ -218,8 +223,8 @@ def run_eval(
     }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(out_dir / RESULTS, json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
-    _write_text(out_dir / TABLE, _table_html(results))
+    storage.write_text(str(out_dir / RESULTS), json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
+    storage.write_text(str(out_dir / TABLE), _table_html(results))
     title = f"accuracy {results['accuracy']:.3f}, pass@{k} {results['pass_at_k']:.3f} on {len(rows)} prompts"
     plot_curves(records, results["accuracy"], out_dir / CURVES, title=title)
     return results

@@ -24,22 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from rlbuild import storage
+from rlbuild.errors import RlbuildError
+from rlbuild.jobenv import RAY_PORT_NAMES
 from rlbuild.redact import redact_text
 from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 
-# Iris allocates one port per name to every task (env IRIS_PORT_<NAME>); several Ray nodes can then share a host.
-RAY_PORT_NAMES = (
-    "ray_gcs",
-    "ray_node_manager",
-    "ray_object_manager",
-    "ray_metrics",
-    "ray_agent_listen",
-    "ray_agent_grpc",
-    "ray_runtime_env",
-    "ray_client",
-)
 RANK_RESOURCE = "rlbuild_rank_{rank}"
 WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
 WORKER_PORTS_PER_RANK = 400
@@ -179,25 +169,20 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, alive_ranks: Call
 def materialise(launch: str | None, cache_dir: Path) -> None:
     if not launch:
         return
-    from rlbuild.staging import materialise_inputs
+    from rlbuild.launch import load_launch
+    from rlbuild.manifest import materialise_inputs
 
     started = time.monotonic()
-    paths = materialise_inputs(launch, cache_dir)
+    paths = materialise_inputs(load_launch(launch), cache_dir)
     log(
         f"materialised inputs of {launch} into {cache_dir} in {time.monotonic() - started:.1f}s: model {paths['model']}"
     )
 
 
 def launch_rendezvous_dir(launch: str) -> str:
-    from rlbuild.staging import filesystem
+    from rlbuild.launch import load_launch
 
-    fs, path = filesystem(launch)
-    with fs.open(path, "r") as handle:
-        doc = yaml.safe_load(handle)
-    try:
-        return str(doc["ray"]["rendezvous_dir"])
-    except (KeyError, TypeError):
-        raise RendezvousError(f"{launch} has no ray.rendezvous_dir; regenerate it with resolve_launch") from None
+    return load_launch(launch).ray.rendezvous_dir
 
 
 def task_ports(environ: dict[str, str]) -> dict[str, int]:
@@ -263,9 +248,9 @@ def archive_ray_logs(rdv: Rendezvous, node: RayNode) -> None:
     logs = node.logs_dir()
     if logs is None:
         return
-    target = f"{rdv.path}/ray-logs/rank-{node.rank}"
+    target = storage.join(rdv.uri, "ray-logs", f"rank-{node.rank}")
     try:
-        rdv.fs.put(str(logs), target, recursive=True)
+        storage.put_dir(logs, target)
     except OSError as error:
         log(f"could not archive Ray logs to {target}: {error}")
 
@@ -316,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.stop()
             archive_ray_logs(rdv, node)
             node.remove_temp_dir()
-    except RendezvousError as error:
+    except RlbuildError as error:
         log(f"error: {error}")
         return 2
 

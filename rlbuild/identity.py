@@ -10,17 +10,13 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from functools import cache
-from pathlib import Path
 from typing import Any
 
+from rlbuild import runtime
+from rlbuild.artifacts import MUTABLE_VERSION
 from rlbuild.errors import IdentityDriftError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_SOURCES = ("rlbuild", "trainer", "plugins/snakemake-executor-plugin-iris/src")
-RUNTIME_FILES = ("uv.lock",)
-RECORD_NAME = "identity.json"
-MUTABLE_VERSION = "dev"
+DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's
 
 
 def canonical_json(value: Any) -> str:
@@ -35,28 +31,12 @@ def fingerprint(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(fields).encode()).hexdigest()[:16]
 
 
-@cache
-def runtime_source_digest(root: Path = REPO_ROOT) -> str:
-    """sha256 over the trainer and library sources plus the lock file: what a checkpoint was written by."""
-    digest = hashlib.sha256()
-    files: list[Path] = []
-    for folder in RUNTIME_SOURCES:
-        files += [p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts]
-    files += [root / name for name in RUNTIME_FILES if (root / name).exists()]
-    for path in sorted(files):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def make_record(
-    *,
-    experiment: str,
-    kind: str,
-    version: str,
-    fields: Mapping[str, Any],
-    deps: Mapping[str, str] | None = None,
+    *, experiment: str, kind: str, version: str, fields: Mapping[str, Any], deps: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
+    """The identity record of one artifact. Preflight and the jobs that write records both call this (through
+    `derived_record` for the kinds built from a launch document), so a stored record and the one the config
+    resolves to agree field for field."""
     fp = fingerprint(fields)
     return {
         "name": experiment,
@@ -65,10 +45,23 @@ def make_record(
         "fingerprint": fp,
         "identity": f"{experiment}/{kind}@{version}:{fp}",
         "deps": dict(deps or {}),
-        "runtime_source_digest": runtime_source_digest(),
+        "runtime_source_digest": runtime.source_digest(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "fields": dict(fields),
     }
+
+
+def derived_record(launch_record: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The record of an artifact built from a launch document (train, export, eval): the launch's fields."""
+    if kind not in DERIVED_KINDS:
+        raise ValueError(f"{kind} is not built from a launch document; use one of {DERIVED_KINDS}")
+    return make_record(
+        experiment=launch_record["name"],
+        kind=kind,
+        version=launch_record["version"],
+        fields=launch_record["fields"],
+        deps={"launch": launch_record["identity"]},
+    )
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

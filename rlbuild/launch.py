@@ -1,113 +1,130 @@
-"""The launch document: the one YAML every stage after resolve_launch reads.
+"""The launch document (`launch.yaml`), typed: the one document every stage after resolve_launch reads.
 
-Sections: run, runtime, iris, ingress, ray, artifacts, inputs, trainer. Same inputs give byte-identical
-output (no timestamps, sorted nothing that the user ordered). Secrets never appear in it.
+Sections name what they configure: `run` and `runtime` say what this is and which code runs it, `iris` the
+allocation, `ingress` how the driver reaches the rollout engines, `ray` the cluster bootstrap, `artifacts` where
+outputs go, `inputs` the immutable staged model and data, `recipe` the trainer's settings. All URIs are
+absolute: a local absolute path or `s3://bucket/key`. The builder (`rlbuild.plan`) is its only writer; the
+trainer parses it once with `load_launch` and reads attributes. Secrets never appear in it.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rlbuild.spec import Experiment
-from rlbuild.storage import ArtifactPaths, join
+from rlbuild import storage
+from rlbuild.errors import RlbuildError
+from rlbuild.recipe import Recipe
 
-SCHEMA_VERSION = 1
-JOB_NAME_UNSAFE = re.compile(r"[^a-z0-9-]+")
-
-
-def job_name(experiment: str, version: str, stage: str) -> str:
-    """An Iris-safe job name (no '/', lower-case, dashes) that says experiment, version and stage."""
-    raw = f"{experiment}-{version}-{stage}".lower().replace(".", "-")
-    return JOB_NAME_UNSAFE.sub("-", raw).strip("-")[:63]
+SCHEMA_VERSION = 2
 
 
-def build_launch(
-    experiment: Experiment,
-    version: str,
-    *,
-    experiment_root: str,
-    recipe: dict[str, Any],
-    fingerprint: str,
-    source_digest: str,
-    identities: dict[str, str],
-) -> dict[str, Any]:
-    paths = ArtifactPaths(version, experiment.retention.temporary_storage_ttl_days)
-    iris = experiment.execution.iris
-    topology = experiment.topology
-    attempts = join(experiment_root, paths.attempts)
-    checkpoints = join(experiment_root, paths.checkpoints)
-    data_root = join(experiment_root, paths.staged_data)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run": {
-            "id": f"{experiment.name}-{version}",
-            "name": experiment.name,
-            "version": version,
-            "seed": experiment.seed,
-            "mode": "train",
-            "fingerprint": fingerprint,
-            "export_hf": True,
-        },
-        "runtime": {
-            "entrypoint": experiment.runtime.entrypoint,
-            "strategy": experiment.runtime.strategy,
-            "source_digest": source_digest,
-        },
-        "iris": {
-            "cluster": iris.cluster if iris else None,
-            "allocation": {
-                "num_nodes": topology.num_nodes,
-                "gpus_per_node": topology.gpus_per_node,
-                "gpu_variant": topology.gpu_variant,
-                "cpu": iris.cpu if iris else None,
-                "memory": iris.memory if iris else None,
-                "disk": iris.disk if iris else None,
-            },
-            "priority": iris.priority if iris else None,
-            "max_retries": iris.max_retries if iris else None,
-            "job_name": job_name(experiment.name, version, "train"),
-        },
-        "ingress": {"mode": "direct", "vllm_http_port": 8000},
-        "ray": {
-            "address": None,
-            "port": 6379,
-            "rendezvous_dir": f"{attempts}/rendezvous",
-            "rendezvous_timeout_s": 1800,
-            "cluster_join_timeout_s": 1800,
-        },
-        "artifacts": {
-            "experiment_root": experiment_root,
-            "checkpoint_root": checkpoints,
-            "attempts_root": attempts,
-            "export_root": join(experiment_root, paths.export),
-            "terminal_manifest_uri": join(experiment_root, paths.terminal),
-            "metrics_uri": f"{checkpoints}/metrics.jsonl",
-            "resume_checkpoint_count": experiment.retention.resume_checkpoint_count,
-            "temporary_storage_ttl_days": experiment.retention.temporary_storage_ttl_days,
-        },
-        "inputs": {
-            "model": {
-                "uri": join(experiment_root, paths.staged_model),
-                "identity": identities["stage_model"],
-                "tokenizer_uri": join(experiment_root, paths.staged_model),
-                "tokenizer_revision": experiment.model.tokenizer.revision,
-                "local_path": None,
-            },
-            "train_data": [
-                {"uri": f"{data_root}/train/{i}.jsonl", "identity": identities["stage_data"], "kind": "jsonl"}
-                for i, _ in enumerate(experiment.data.train)
-            ],
-            "validation_data": [
-                {"uri": f"{data_root}/validation/{i}.jsonl", "identity": identities["stage_data"], "kind": "jsonl"}
-                for i, _ in enumerate(experiment.data.validation)
-            ],
-        },
-        "trainer": recipe,
-    }
+class LaunchDocumentError(RlbuildError):
+    """A launch document that cannot be read or does not follow the schema; regenerate it with resolve_launch."""
 
 
-def dump_launch(document: dict[str, Any]) -> str:
-    return yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=120)
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Run(_Section):
+    id: str = Field(description="`<experiment>-<version>`: names the run in logs and W&B")
+    name: str = Field(description="the experiment's name")
+    version: str = Field(description="YYYY.MM.DD[.N] (immutable) or dev")
+    seed: int = Field(ge=0, description="the experiment's seed")
+    fingerprint: str = Field(description="the launch artifact's fingerprint")
+
+
+class Runtime(_Section):
+    entrypoint: Literal["grpo", "fully_async"] = Field(description="the training loop")
+    strategy: Literal["fsdp2", "megatron"] = Field(description="how the policy is sharded")
+    source_digest: str = Field(description="digest of the code that runs in the job (rlbuild.runtime)")
+
+
+class Allocation(_Section):
+    num_nodes: int = Field(ge=1, description="whole nodes of the gang")
+    gpus_per_node: int = Field(ge=1, description="GPUs on each node")
+    gpu_variant: str = Field(description="e.g. H100; `cpu` for CPU ranks")
+    cpu: float | None = Field(description="CPUs per node requested from the scheduler")
+    memory: str | None = Field(description="memory per node, e.g. 512GB")
+    disk: str | None = Field(description="disk per node")
+
+
+class Iris(_Section):
+    cluster: str | None = Field(description="the Iris cluster, or null when the experiment sets none")
+    allocation: Allocation = Field(description="what one gang asks for")
+    priority: str | None = Field(description="Iris priority band")
+    max_retries: int | None = Field(description="Iris restarts of the whole gang")
+
+
+class Ingress(_Section):
+    mode: Literal["ray_actors"] = Field(
+        description="the driver calls the rollout engines as Ray actors in the gang (no HTTP endpoint)"
+    )
+
+
+class Ray(_Section):
+    address: str | None = Field(description="a Ray cluster to join; null: RAY_ADDRESS if set, else a private Ray")
+    rendezvous_dir: str = Field(description="where a gang's ranks meet (one folder per job and attempt)")
+
+
+class Artifacts(_Section):
+    checkpoint_root: str = Field(description="checkpoints (temporary storage, expires with its TTL)")
+    attempts_root: str = Field(description="per-attempt state: rendezvous, heartbeats, Ray logs")
+    export_root: str = Field(description="where the export rule publishes the terminal checkpoint")
+    terminal_manifest_uri: str = Field(description="terminal.json: written once, last")
+    metrics_uri: str = Field(description="metrics.jsonl of the run")
+    resume_checkpoint_count: int = Field(ge=1, le=5, description="checkpoints kept for resuming")
+
+
+class Input(_Section):
+    uri: str = Field(description="a staged file or directory (a manifest at or above it)")
+    identity: str = Field(description="the staged artifact's identity, copied into terminal.json")
+
+
+class Inputs(_Section):
+    model: Input = Field(description="the staged model folder (with its tokenizer)")
+    train_data: list[Input] = Field(min_length=1, description="staged JSONL files of {prompt, answer} rows")
+    validation_data: list[Input] = Field(description="held-out JSONL files")
+
+
+class LaunchDocument(_Section):
+    schema_version: Literal[2] = Field(description="bumped when a field changes meaning")
+    run: Run
+    runtime: Runtime
+    iris: Iris
+    ingress: Ingress
+    ray: Ray
+    artifacts: Artifacts
+    inputs: Inputs
+    recipe: Recipe
+
+
+def dump_launch(document: LaunchDocument) -> str:
+    """The document as YAML, fields in declaration order: the same inputs give byte-identical output."""
+    return yaml.safe_dump(document.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=120)
+
+
+def parse_launch(raw: object, where: str) -> LaunchDocument:
+    try:
+        return LaunchDocument.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise LaunchDocumentError(
+            f"{where} is not a launch document of schema {SCHEMA_VERSION} ({problems}); regenerate it with the "
+            "resolve_launch rule"
+        ) from None
+
+
+def load_launch(uri: str) -> LaunchDocument:
+    """Read and validate a launch document from a local path or s3:// URI."""
+    text = storage.read_text(uri)
+    if text is None:
+        raise LaunchDocumentError(f"launch document {uri} does not exist; run the resolve_launch rule first")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise LaunchDocumentError(f"{uri} is not YAML ({exc}); regenerate it with resolve_launch") from None
+    return parse_launch(raw, uri)

@@ -4,39 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlbuild.identity import MUTABLE_VERSION
-from rlbuild.preflight import Plan
+from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION
+from rlbuild.plan import Plan
 from rlbuild.redact import redact
-from rlbuild.storage import join
-
-STAGES = ("base_model", "stage_model", "stage_data", "launch", "train", "export", "eval")
 
 
 def artifact_uris(plan: Plan) -> dict[str, str]:
-    p = plan.paths
-    rel = {
-        "base_model": p.base_model,
-        "stage_model": p.staged_model,
-        "stage_data": p.staged_data,
-        "launch": p.launch,
-        "train": p.terminal,
-        "export": p.export,
-        "eval": p.eval,
-    }
-    return {kind: join(plan.experiment_root, path) for kind, path in rel.items() if kind in plan.records}
+    return {a.kind: plan.uri(a.path(plan.version)) for a in ARTIFACTS if a.kind in plan.records}
 
 
 def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
-    e, g = plan.experiment, plan.geometry
+    e, g, launch = plan.experiment, plan.geometry, plan.launch
     rp = e.role_plan
     return redact(
         {
             "experiment": e.name,
             "version": plan.version,
             "mutable": plan.version == MUTABLE_VERSION,
-            "runtime": {**plan.launch["runtime"]},
-            "allocation": {**plan.launch["iris"]["allocation"], "total_gpus": g.allocated_gpus},
-            "placement": {k: plan.launch["iris"][k] for k in ("cluster", "priority", "max_retries")},
+            "runtime": launch.runtime.model_dump(),
+            "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
+            "placement": {
+                "cluster": launch.iris.cluster,
+                "priority": launch.iris.priority,
+                "max_retries": launch.iris.max_retries,
+            },
             "geometry": {
                 "colocate_all": rp.colocate_all,
                 "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
@@ -55,11 +46,11 @@ def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
                 "policy_mini_batch_size": rp.policy_mini_batch_size,
                 "micro_train_batch_size_per_gpu": rp.micro_train_batch_size_per_gpu,
                 "n_samples_per_prompt": rp.n_samples_per_prompt,
-                "max_steps": plan.recipe["trainer"]["max_steps"],
+                "max_steps": plan.recipe.trainer.max_steps,
             },
             "artifacts": {k: r["identity"] for k, r in plan.records.items()},
             "outputs": artifact_uris(plan),
-            "temporary_root": plan.launch["artifacts"]["checkpoint_root"].rsplit("/", 1)[0],
+            "temporary_root": plan.uri(plan.temporary.root),
             "terminal_stage": terminal_stage,
         }
     )
@@ -89,9 +80,9 @@ def format_plan(plan: Plan, terminal_stage: str = "export") -> str:
         f"{bat['max_steps']} steps",
         "  artifacts",
     ]
-    for kind in STAGES:
-        if kind in d["artifacts"]:
-            lines.append(f"    {kind:<12} {d['artifacts'][kind]:<58} {d['outputs'][kind]}")
+    for a in ARTIFACTS:
+        if a.kind in d["artifacts"]:
+            lines.append(f"    {a.kind:<12} {d['artifacts'][a.kind]:<58} {d['outputs'][a.kind]}")
     lines += [
         f"  temporary      {d['temporary_root']}",
         f"  terminal stage {d['terminal_stage']}",

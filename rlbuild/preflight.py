@@ -1,52 +1,110 @@
-"""Resolve an experiment version into its plan, running every deterministic check first.
+"""Every deterministic check of an experiment, collected at once, and the recipe composed from it.
 
-Everything here is pure and fast: no network, no torch, no ray. It runs while Snakemake builds the DAG
-(so a dry run fails before any job starts) and behind `rlbuild check`.
+Pure and fast: no network, no torch, no ray. It runs while Snakemake builds the DAG (so a dry run fails before
+any job starts) and behind `rlbuild check`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from rlbuild.errors import PreflightError, Violation
-from rlbuild.identity import make_record, runtime_source_digest
-from rlbuild.launch import build_launch
-from rlbuild.recipe import compose_recipe
-from rlbuild.roleplan import Geometry, check_role_plan, geometry
-from rlbuild.spec import Experiment, check_version, load_experiment
-from rlbuild.storage import ArtifactPaths, join
+from pydantic import ValidationError
 
-ARTIFACT_SOURCE = "artifact:base_model"
-DERIVED_KINDS = ("train", "export", "eval")
+from rlbuild.errors import Violation
+from rlbuild.identity import flatten
+from rlbuild.recipe import Recipe, recipe_problems
+from rlbuild.roleplan import check_role_plan
+from rlbuild.sources import SourceError, parse_source
+from rlbuild.spec import Experiment
+from rlbuild.validation import violations
+
+# Strategies this runtime can execute, and the package that would provide the others.
+INSTALLED_STRATEGIES = {"fsdp2"}
+STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One experiment version, resolved: what will be built, where, and from what."""
+def role_plan_values(experiment: Experiment) -> dict[str, Any]:
+    """The recipe keys the role plan, runtime and seed own, with the values they render."""
+    plan = experiment.role_plan
+    return {
+        "trainer.strategy": experiment.runtime.strategy,
+        "trainer.seed": experiment.seed,
+        "trainer.placement.colocate_all": plan.colocate_all,
+        "trainer.placement.colocate_policy_ref": plan.ref_num_nodes == 0,
+        "trainer.placement.policy_num_nodes": plan.policy_num_nodes,
+        "trainer.placement.policy_num_gpus_per_node": plan.policy_num_gpus_per_node,
+        "trainer.placement.ref_num_nodes": plan.ref_num_nodes or plan.policy_num_nodes,
+        "trainer.placement.ref_num_gpus_per_node": plan.policy_num_gpus_per_node,
+        "trainer.train_batch_size": plan.train_batch_size,
+        "trainer.policy_mini_batch_size": plan.policy_mini_batch_size,
+        "trainer.micro_train_batch_size_per_gpu": plan.micro_train_batch_size_per_gpu,
+        "generator.num_inference_engines": plan.num_inference_engines,
+        "generator.inference_engine_tensor_parallel_size": plan.inference_engine_tensor_parallel_size,
+        "generator.inference_engine_pipeline_parallel_size": plan.inference_engine_pipeline_parallel_size,
+        "generator.inference_engine_data_parallel_size": plan.inference_engine_data_parallel_size,
+        "generator.inference_engine_expert_parallel_size": plan.inference_engine_expert_parallel_size,
+        "generator.n_samples_per_prompt": plan.n_samples_per_prompt,
+    }
 
-    experiment: Experiment
-    version: str
-    experiment_root: str
-    geometry: Geometry
-    recipe: dict[str, Any]
-    records: dict[str, dict[str, Any]]
-    launch: dict[str, Any]
 
-    @property
-    def paths(self) -> ArtifactPaths:
-        return ArtifactPaths(self.version, self.experiment.retention.temporary_storage_ttl_days)
+def _owner(key: str) -> str:
+    return {"trainer.strategy": "runtime.strategy", "trainer.seed": "seed"}.get(key, "role_plan")
 
-    @property
-    def uses_base_model(self) -> bool:
-        return ARTIFACT_SOURCE in (self.experiment.model.source, self.experiment.model.tokenizer.source)
+
+def compose_recipe(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:
+    """The experiment's recipe over the typed defaults, with the role plan rendered in; None if it is invalid."""
+    stated = flatten(experiment.recipe)
+    out: list[Violation] = []
+    merged: dict[str, Any] = _copy_tree(experiment.recipe)
+    for key, value in role_plan_values(experiment).items():
+        if key in stated and (type(stated[key]) is not type(value) or stated[key] != value):
+            out.append(
+                Violation(
+                    f"recipe.{key}",
+                    f"states {stated[key]!r} but {_owner(key)} renders {value!r}",
+                    f"delete it from the recipe; {_owner(key)} is the single source of this value",
+                )
+            )
+        _set(merged, key, value)
+    try:
+        recipe = Recipe.model_validate(merged)
+    except ValidationError as exc:
+        found = [v for v in violations(exc, merged, Recipe, "recipe.") if v.field not in {o.field for o in out}]
+        return None, out + found
+    return recipe, out + recipe_problems(recipe)
+
+
+def _copy_tree(tree: Any) -> Any:
+    return {k: _copy_tree(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = tree.setdefault(key, {})
+        if not isinstance(child, dict):
+            # A user's non-mapping here is reported by validation; the rendered value must not hide it.
+            return
+        tree = child
+    tree[leaf] = value
+
+
+def check_strategy(recipe: Recipe) -> list[Violation]:
+    strategy = recipe.trainer.strategy
+    if strategy in INSTALLED_STRATEGIES:
+        return []
+    return [
+        Violation(
+            "runtime.strategy",
+            f"{strategy!r}: this runtime installs no {STRATEGY_PROVIDERS.get(strategy, strategy)} backend "
+            "(not in uv.lock), so the job would fail after GPUs are allocated",
+            f"use one of {sorted(INSTALLED_STRATEGIES)}, or pin a runtime that provides it",
+        )
+    ]
 
 
 def check_sources(experiment: Experiment) -> list[Violation]:
-    from rlbuild.staging import parse_source
-
     entries = [
         ("model", experiment.model.source, experiment.model.revision),
         ("model.tokenizer", experiment.model.tokenizer.source, experiment.model.tokenizer.revision),
@@ -57,15 +115,15 @@ def check_sources(experiment: Experiment) -> list[Violation]:
     for field, source, revision in entries:
         try:
             problems = parse_source(source, revision).check()
-        except ValueError as exc:
+        except SourceError as exc:
             problems = [str(exc)]
         out += [Violation(f"{field}.source", problem) for problem in problems]
     return out
 
 
-def check_credentials(recipe: dict[str, Any]) -> list[Violation]:
+def check_credentials(recipe: Recipe) -> list[Violation]:
     """Credentials a stage will need, checked where they are forwarded from: the submitting environment."""
-    if recipe.get("trainer", {}).get("logger") != "wandb":
+    if recipe.trainer.logger != "wandb":
         return []
     if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
         return []
@@ -95,92 +153,12 @@ def check_model_shape(model_config: dict[str, Any], experiment: Experiment) -> l
     return out
 
 
-def check_experiment(experiment: Experiment) -> tuple[dict[str, Any], list[Violation]]:
-    """All version-independent checks; returns the composed recipe and every violation."""
-    violations = check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
+def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:
+    """All version-independent checks; returns the composed recipe (None if invalid) and every violation."""
+    violations_found = check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
     recipe, recipe_violations = compose_recipe(experiment)
-    violations += recipe_violations
-    violations += check_sources(experiment)
-    violations += check_credentials(recipe)
-    return recipe, violations
-
-
-def _records(experiment: Experiment, version: str, recipe: dict[str, Any], digest: str) -> dict[str, dict[str, Any]]:
-    name = experiment.name
-    records: dict[str, dict[str, Any]] = {}
-    model_deps: dict[str, str] = {}
-    if ARTIFACT_SOURCE in (experiment.model.source, experiment.model.tokenizer.source):
-        records["base_model"] = make_record(
-            experiment=name,
-            kind="base_model",
-            version=version,
-            fields={"revision": experiment.model.revision, "seed": experiment.seed, "runtime_source_digest": digest},
-        )
-        model_deps["base_model"] = records["base_model"]["identity"]
-    records["stage_model"] = make_record(
-        experiment=name,
-        kind="stage_model",
-        version=version,
-        fields={"model": experiment.model.model_dump(), "deps": model_deps},
-        deps=model_deps,
-    )
-    records["stage_data"] = make_record(
-        experiment=name, kind="stage_data", version=version, fields={"data": experiment.data.model_dump()}
-    )
-    launch_deps = {k: records[k]["identity"] for k in ("stage_model", "stage_data")}
-    launch_fields = {
-        "name": name,
-        "version": version,
-        "runtime": {**experiment.runtime.model_dump(), "source_digest": digest},
-        "seed": experiment.seed,
-        "topology": experiment.topology.model_dump(),
-        "role_plan": experiment.role_plan.model_dump(),
-        "retention": experiment.retention.model_dump(),
-        "recipe": recipe,
-        "deps": launch_deps,
-    }
-    records["launch"] = make_record(
-        experiment=name, kind="launch", version=version, fields=launch_fields, deps=launch_deps
-    )
-    for kind in DERIVED_KINDS:
-        records[kind] = make_record(
-            experiment=name,
-            kind=kind,
-            version=version,
-            fields=launch_fields,
-            deps={"launch": records["launch"]["identity"]},
-        )
-    return records
-
-
-def resolve(experiment: Experiment, version: str, storage_root: str, source: str = "experiment") -> Plan:
-    """Resolve one version of an experiment; raise PreflightError with every violation found."""
-    recipe, violations = check_experiment(experiment)
-    violations = check_version(version) + violations
-    if violations:
-        raise PreflightError(source, violations)
-    digest = runtime_source_digest()
-    records = _records(experiment, version, recipe, digest)
-    experiment_root = join(storage_root, experiment.name)
-    launch = build_launch(
-        experiment,
-        version,
-        experiment_root=experiment_root,
-        recipe=recipe,
-        fingerprint=records["launch"]["fingerprint"],
-        source_digest=digest,
-        identities={k: r["identity"] for k, r in records.items()},
-    )
-    return Plan(
-        experiment=experiment,
-        version=version,
-        experiment_root=experiment_root,
-        geometry=geometry(experiment.topology, experiment.role_plan),
-        recipe=recipe,
-        records=records,
-        launch=launch,
-    )
-
-
-def resolve_file(path: Path, version: str, storage_root: str) -> Plan:
-    return resolve(load_experiment(path), version, storage_root, source=str(path))
+    violations_found += recipe_violations
+    if recipe is not None:
+        violations_found += check_strategy(recipe) + check_credentials(recipe)
+    violations_found += check_sources(experiment)
+    return recipe, violations_found

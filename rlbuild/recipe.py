@@ -1,187 +1,188 @@
-"""The trainer recipe: composed once with OmegaConf against `config/trainer/base.yaml`, role plan rendered in.
+"""The trainer recipe, typed: every key the trainer reads, its type, range, default and meaning.
 
-The base recipe is the schema: a key it does not have is an error. Values the role plan owns may be stated
-in a recipe only with the same value and type; they are materialised from the plan either way.
+This model is the recipe's one schema. An experiment's `recipe:` is a partial mapping validated against it
+(unknown keys, wrong types and out-of-range values are errors naming the key); the launch document carries the
+whole recipe, and the trainer parses it once and reads attributes. Adding a key means adding a field here and
+reading it where the behaviour lives. Key names follow SkyRL 0.3.1 (`trainer.*`, `generator.*`).
+
+Keys marked (role plan) are rendered from the experiment's role plan, runtime and seed; a recipe may state them
+only with the same value.
 """
 
 from __future__ import annotations
 
-import difflib
-from functools import cache
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Literal
 
-from omegaconf import OmegaConf
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlbuild.errors import Violation
-from rlbuild.identity import flatten
-from rlbuild.spec import Experiment
-
-BASE_RECIPE = Path(__file__).resolve().parent.parent / "config" / "trainer" / "base.yaml"
-
-# Strategies this runtime can execute, and the package that would provide the others.
-INSTALLED_STRATEGIES = {"fsdp2"}
-STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "trainer.resume_mode": ("latest", "none", "from_path"),
-    "trainer.logger": ("console", "wandb"),
-    "trainer.policy.optimizer_config.scheduler": ("constant_with_warmup", "cosine_with_warmup"),
-    "trainer.algorithm.advantage_estimator": ("grpo",),
-    "trainer.algorithm.kl_estimator_type": ("k3",),
-    "trainer.algorithm.policy_loss_type": ("regular", "dual_clip"),
-    "trainer.algorithm.loss_reduction": ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
-    "generator.backend": ("auto", "vllm", "torch"),
-    "generator.weight_sync_backend": ("gloo", "nccl"),
-}
 
 
-def role_plan_values(experiment: Experiment) -> dict[str, Any]:
-    """The recipe keys the role plan, runtime and seed own, with the values they render."""
-    plan = experiment.role_plan
-    return {
-        "trainer.strategy": experiment.runtime.strategy,
-        "trainer.seed": experiment.seed,
-        "trainer.placement.colocate_all": plan.colocate_all,
-        "trainer.placement.colocate_policy_ref": plan.ref_num_nodes == 0,
-        "trainer.placement.policy_num_nodes": plan.policy_num_nodes,
-        "trainer.placement.policy_num_gpus_per_node": plan.policy_num_gpus_per_node,
-        "trainer.placement.ref_num_nodes": plan.ref_num_nodes or plan.policy_num_nodes,
-        "trainer.placement.ref_num_gpus_per_node": plan.policy_num_gpus_per_node,
-        "trainer.train_batch_size": plan.train_batch_size,
-        "trainer.policy_mini_batch_size": plan.policy_mini_batch_size,
-        "trainer.micro_train_batch_size_per_gpu": plan.micro_train_batch_size_per_gpu,
-        "generator.num_inference_engines": plan.num_inference_engines,
-        "generator.inference_engine_tensor_parallel_size": plan.inference_engine_tensor_parallel_size,
-        "generator.inference_engine_pipeline_parallel_size": plan.inference_engine_pipeline_parallel_size,
-        "generator.inference_engine_data_parallel_size": plan.inference_engine_data_parallel_size,
-        "generator.inference_engine_expert_parallel_size": plan.inference_engine_expert_parallel_size,
-        "generator.n_samples_per_prompt": plan.n_samples_per_prompt,
-    }
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-@cache
-def _base(path: Path) -> dict[str, Any]:
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
+def _plan(description: str) -> str:
+    return f"(role plan) {description}"
 
 
-def _unknown_keys(user: dict[str, Any], base: dict[str, Any], prefix: str = "recipe.") -> list[Violation]:
+class Placement(_Section):
+    colocate_all: bool = Field(True, description=_plan("policy, reference and engines share the same GPUs"))
+    colocate_policy_ref: bool = Field(True, description=_plan("the reference lives in the policy workers"))
+    policy_num_nodes: int = Field(1, ge=1, description=_plan("nodes of the policy"))
+    policy_num_gpus_per_node: int = Field(1, ge=1, description=_plan("GPUs per policy node"))
+    ref_num_nodes: int = Field(1, ge=1, description=_plan("nodes of a separate reference"))
+    ref_num_gpus_per_node: int = Field(1, ge=1, description=_plan("GPUs per reference node"))
+
+    @property
+    def policy_world_size(self) -> int:
+        return self.policy_num_nodes * self.policy_num_gpus_per_node
+
+
+class OptimizerConfig(_Section):
+    lr: float = Field(3.0e-4, gt=0, le=1, description="peak learning rate of AdamW")
+    adam_betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
+        [0.9, 0.99], min_length=2, max_length=2, description="AdamW [beta1, beta2], each in [0, 1)"
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradients are clipped to this global L2 norm")
+    num_warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from 0 to lr")
+    scheduler: Literal["constant_with_warmup", "cosine_with_warmup"] = Field(
+        "constant_with_warmup", description="after warmup: constant, or cosine decay to min_lr_ratio x lr at max_steps"
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine schedule's final lr as a fraction of lr")
+
+
+class Policy(_Section):
+    optimizer_config: OptimizerConfig = Field(default_factory=OptimizerConfig, description="the policy's optimizer")
+
+
+class Algorithm(_Section):
+    advantage_estimator: Literal["grpo"] = Field("grpo", description="group-relative advantages (GRPO)")
+    grpo_norm_by_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
+    zero_variance_filter: bool = Field(
+        False, description="train only on groups whose rewards differ (faster; drops their KL term)"
+    )
+    use_kl_loss: bool = Field(True, description="add kl_loss_coef x KL(policy || reference) to the loss")
+    kl_loss_coef: float = Field(0.04, ge=0, description="weight of the KL term")
+    kl_estimator_type: Literal["k3"] = Field("k3", description="per-token KL estimator")
+    use_entropy_loss: bool = Field(False, description="subtract entropy_loss_coef x entropy from the loss")
+    entropy_loss_coef: float = Field(0.01, ge=0, description="weight of the entropy bonus")
+    policy_loss_type: Literal["regular", "dual_clip"] = Field("regular", description="clipped surrogate variant")
+    loss_reduction: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = Field(
+        "seq_mean_token_mean", description="how per-token losses reduce over each optimizer mini-batch"
+    )
+    eps_clip_low: float = Field(0.2, gt=0, lt=1, description="ratio clip below 1 - eps_clip_low")
+    eps_clip_high: float = Field(0.2, gt=0, lt=1, description="ratio clip above 1 + eps_clip_high")
+    clip_ratio_c: float = Field(3.0, gt=1, description="dual_clip's bound on the loss of negative advantages")
+    use_tis: bool = Field(False, description="truncated importance sampling from rollout to trainer logprobs")
+    tis_imp_ratio_cap: float = Field(-1.0, description="TIS weight cap; must be > 0 when use_tis is true")
+
+
+class TrainerSection(_Section):
+    strategy: Literal["fsdp2", "megatron"] = Field("fsdp2", description="(runtime.strategy) policy sharding")
+    seed: int = Field(42, ge=0, lt=2**32, description="(seed) every random choice derives from it and the step")
+    placement: Placement = Field(default_factory=Placement, description="where roles run")
+    train_batch_size: int = Field(16, ge=1, description=_plan("prompts per global step"))
+    policy_mini_batch_size: int = Field(16, ge=1, description=_plan("prompts per optimizer step"))
+    micro_train_batch_size_per_gpu: int = Field(16, ge=1, description=_plan("samples per forward/backward"))
+    micro_forward_batch_size_per_gpu: int = Field(256, ge=1, description="samples per no-grad scoring forward")
+    update_epochs_per_batch: int = Field(2, ge=1, le=100, description="optimisation passes over each rollout batch")
+    max_steps: int = Field(200, ge=1, le=10_000_000, description="global steps of training")
+    ckpt_interval: int = Field(10, ge=1, description="global steps between checkpoints (and at the last step)")
+    resume_mode: Literal["latest", "none", "from_path"] = Field(
+        "latest", description="latest: the newest checkpoint of this run; none: step 0; from_path: resume_path"
+    )
+    resume_path: str | None = Field(None, description="a global_step_N folder, for resume_mode from_path")
+    eval_interval: int = Field(25, ge=-1, description="global steps between held-out evals; -1 disables")
+    eval_before_train: bool = Field(True, description="score the held-out set before the first step")
+    logger: Literal["console", "wandb"] = Field("console", description="where metrics go besides metrics.jsonl")
+    project_name: str = Field("rlbuild", min_length=1, max_length=128, description="the W&B project")
+    num_threads: int = Field(1, ge=1, le=1024, description="torch intra-op threads per actor on CPU")
+    policy: Policy = Field(default_factory=Policy, description="the policy model's training settings")
+    algorithm: Algorithm = Field(default_factory=Algorithm, description="the GRPO objective")
+
+
+class SamplingParams(_Section):
+    max_generate_length: int = Field(4, ge=1, le=1_000_000, description="tokens generated per completion at most")
+    temperature: float = Field(1.0, ge=0, le=100, description="sampling temperature; 0 is greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int = Field(-1, ge=-1, description="sample among the k most likely tokens; -1 disables")
+
+
+class GeneratorSection(_Section):
+    backend: Literal["auto", "vllm", "torch"] = Field(
+        "auto", description="rollout engine: vllm, torch (HF generate with a KV cache), auto: vllm on GPUs"
+    )
+    num_inference_engines: int = Field(1, ge=1, description=_plan("rollout engines"))
+    inference_engine_tensor_parallel_size: int = Field(1, ge=1, description=_plan("TP of one engine"))
+    inference_engine_pipeline_parallel_size: int = Field(1, ge=1, description=_plan("PP of one engine"))
+    inference_engine_data_parallel_size: int = Field(1, ge=1, description=_plan("DP of one engine"))
+    inference_engine_expert_parallel_size: int = Field(1, ge=1, description=_plan("EP of one engine"))
+    n_samples_per_prompt: int = Field(16, ge=1, description=_plan("samples per prompt: the GRPO group size"))
+    weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="policy -> engine broadcast group")
+    weight_sync_check_tolerance: float = Field(
+        1.0e-4, gt=0, description="max |engine - policy| logprob on a fixed sequence after each sync"
+    )
+    gpu_memory_utilization: float = Field(0.8, gt=0, le=1, description="vLLM's share of GPU memory")
+    enforce_eager: bool = Field(True, description="vLLM without CUDA graphs")
+    max_prompt_length: int = Field(32, ge=1, le=10_000_000, description="prompts longer than this are dropped")
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams, description="rollout sampling")
+    eval_sampling_params: SamplingParams = Field(
+        default_factory=lambda: SamplingParams(temperature=0.0), description="held-out eval sampling (greedy)"
+    )
+
+
+class EnvironmentSection(_Section):
+    env_class: str = Field("exact_match", min_length=1, max_length=200, description="the reward environment")
+
+
+class Recipe(_Section):
+    """The whole trainer recipe, as the launch document carries it."""
+
+    trainer: TrainerSection = Field(default_factory=TrainerSection, description="training")
+    generator: GeneratorSection = Field(default_factory=GeneratorSection, description="rollouts")
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection, description="rewards")
+
+    @property
+    def reference_workers(self) -> int:
+        """Workers of a reference role with GPUs of its own; 0 when the reference lives in the policy workers.
+
+        The role plan gives the reference its own nodes with `colocate_all: false` and `ref_num_nodes > 0`
+        (rendered as `colocate_policy_ref: false`); without a KL term there is nothing for it to do.
+        """
+        placement = self.trainer.placement
+        if placement.colocate_all or placement.colocate_policy_ref or not self.trainer.algorithm.use_kl_loss:
+            return 0
+        return placement.ref_num_nodes * placement.ref_num_gpus_per_node
+
+
+def recipe_problems(recipe: Recipe) -> list[Violation]:
+    """What no single field can say about itself: settings that contradict each other or GRPO."""
+    t, g = recipe.trainer, recipe.generator
     out: list[Violation] = []
-    for key, value in user.items():
-        path = f"{prefix}{key}"
-        if not isinstance(base, dict) or key not in base:
-            known = sorted(base) if isinstance(base, dict) else []
-            close = difflib.get_close_matches(str(key), known, n=1)
-            fix = (
-                f"did you mean '{close[0]}'?" if close else "the base recipe (config/trainer/base.yaml) has no such key"
-            )
-            out.append(Violation(path, "unknown key", fix))
-        elif isinstance(value, dict) and isinstance(base[key], dict):
-            out += _unknown_keys(value, base[key], f"{path}.")
-        elif isinstance(value, dict) != isinstance(base[key], dict):
-            expected = "a mapping" if isinstance(base[key], dict) else "a value"
-            out.append(Violation(path, f"must be {expected}, got {value!r}"))
-    return out
-
-
-def compose_recipe(experiment: Experiment, base_path: Path = BASE_RECIPE) -> tuple[dict[str, Any], list[Violation]]:
-    """Compose base + experiment recipe, render the role plan into it, and check it against the plan."""
-    base = _base(base_path)
-    violations = _unknown_keys(experiment.recipe, base)
-    if violations:
-        return {}, violations
-    merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(experiment.recipe))
-    stated = flatten(experiment.recipe)
-    for key, plan_value in role_plan_values(experiment).items():
-        if key in stated:
-            value = stated[key]
-            if type(value) is not type(plan_value) or value != plan_value:
-                owner = (
-                    "runtime.strategy"
-                    if key == "trainer.strategy"
-                    else "seed"
-                    if key == "trainer.seed"
-                    else ("role_plan")
-                )
-                violations.append(
-                    Violation(
-                        f"recipe.{key}",
-                        f"states {value!r} but {owner} renders {plan_value!r}",
-                        f"delete it from the recipe; {owner} is the single source of this value",
-                    )
-                )
-        OmegaConf.update(merged, key, plan_value, merge=False)
-    recipe: dict[str, Any] = OmegaConf.to_container(merged, resolve=True)  # type: ignore[assignment]
-    violations += check_recipe_values(recipe)
-    return recipe, violations
-
-
-def check_recipe_values(recipe: dict[str, Any]) -> list[Violation]:
-    """Checks of recipe values that are deterministic from the document alone."""
-    flat = flatten(recipe)
-    out: list[Violation] = []
-    for key, allowed in CHOICES.items():
-        if flat.get(key) not in allowed:
-            out.append(Violation(f"recipe.{key}", f"{flat.get(key)!r} is not supported", f"use one of {allowed}"))
-    strategy = flat["trainer.strategy"]
-    if strategy not in INSTALLED_STRATEGIES:
-        out.append(
-            Violation(
-                "runtime.strategy",
-                f"{strategy!r}: this runtime installs no {STRATEGY_PROVIDERS.get(strategy, strategy)} backend "
-                "(not in uv.lock), so the job would fail after GPUs are allocated",
-                f"use one of {sorted(INSTALLED_STRATEGIES)}, or pin a runtime that provides it",
-            )
-        )
-    positive = [
-        "trainer.max_steps",
-        "trainer.ckpt_interval",
-        "trainer.update_epochs_per_batch",
-        "trainer.policy.optimizer_config.lr",
-        "trainer.policy.optimizer_config.max_grad_norm",
-        "generator.max_prompt_length",
-        "generator.sampling_params.max_generate_length",
-        "generator.eval_sampling_params.max_generate_length",
-    ]
-    for key in positive:
-        value = flat.get(key)
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            out.append(Violation(f"recipe.{key}", f"must be a positive number, got {value!r}"))
-    temperature = flat.get("generator.sampling_params.temperature")
-    if not isinstance(temperature, int | float) or temperature <= 0:
+    if g.sampling_params.temperature <= 0:
         out.append(
             Violation(
                 "recipe.generator.sampling_params.temperature",
-                f"must be > 0 for GRPO rollouts (got {temperature!r}); greedy rollouts give every sample of a "
-                "group the same answer and zero advantage",
+                f"must be > 0 for GRPO rollouts (got {g.sampling_params.temperature!r}); greedy rollouts give every "
+                "sample of a group the same answer and zero advantage",
                 "use 1.0",
             )
         )
-    top_p = flat.get("generator.sampling_params.top_p")
-    if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
-        out.append(Violation("recipe.generator.sampling_params.top_p", f"must be in (0, 1], got {top_p!r}"))
-    for key in ("trainer.algorithm.eps_clip_low", "trainer.algorithm.eps_clip_high"):
-        value = flat.get(key)
-        if not isinstance(value, int | float) or not 0 < value < 1:
-            out.append(Violation(f"recipe.{key}", f"must be in (0, 1), got {value!r}"))
-    if (
-        flat.get("trainer.algorithm.policy_loss_type") == "dual_clip"
-        and not flat.get("trainer.algorithm.clip_ratio_c", 0) > 1
-    ):
-        out.append(Violation("recipe.trainer.algorithm.clip_ratio_c", "dual_clip needs clip_ratio_c > 1", "use 3.0"))
-    if flat.get("trainer.algorithm.use_tis") and not flat.get("trainer.algorithm.tis_imp_ratio_cap", 0) > 0:
+    if t.algorithm.use_tis and t.algorithm.tis_imp_ratio_cap <= 0:
         out.append(
             Violation(
                 "recipe.trainer.algorithm.tis_imp_ratio_cap",
-                f"use_tis=true needs a positive cap, got {flat.get('trainer.algorithm.tis_imp_ratio_cap')!r}",
+                f"use_tis=true needs a positive cap, got {t.algorithm.tis_imp_ratio_cap!r}",
                 "set tis_imp_ratio_cap: 2.0",
             )
         )
-    if flat.get("trainer.resume_mode") == "from_path" and "global_step_" not in str(flat.get("trainer.resume_path")):
+    if t.resume_mode == "from_path" and "global_step_" not in str(t.resume_path):
         out.append(
             Violation(
                 "recipe.trainer.resume_path",
-                f"resume_mode=from_path needs a global_step_N folder, got {flat.get('trainer.resume_path')!r}",
+                f"resume_mode=from_path needs a global_step_N folder, got {t.resume_path!r}",
                 "point resume_path at .../checkpoints/global_step_N",
             )
         )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
-SECRET_KEY = re.compile(r"(secret|token(?!izer)|password|passwd|api[_-]?key|access[_-]?key|credential)", re.IGNORECASE)
+from rlbuild.jobenv import is_secret_name
+
 REDACTED = "<redacted>"
 MIN_SECRET_LENGTH = 8
 
@@ -15,7 +15,7 @@ MIN_SECRET_LENGTH = 8
 def redact(value: Any) -> Any:
     """A copy of a document with secret-named keys and known secret values replaced."""
     if isinstance(value, Mapping):
-        return {k: REDACTED if SECRET_KEY.search(str(k)) and v else redact(v) for k, v in value.items()}
+        return {k: REDACTED if is_secret_name(str(k)) and v else redact(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     if isinstance(value, str):
@@ -26,7 +26,7 @@ def redact(value: Any) -> Any:
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     env = os.environ if environ is None else environ
     return sorted(
-        (v for k, v in env.items() if SECRET_KEY.search(k) and len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True
+        (v for k, v in env.items() if is_secret_name(k) and len(v) >= MIN_SECRET_LENGTH), key=len, reverse=True
     )
 
 

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlbuild import storage
 from rlbuild.errors import RlbuildError
-from rlbuild.staging import filesystem
 
 
 class RendezvousError(RlbuildError):
@@ -50,21 +50,24 @@ class Rendezvous:
     """One attempt's rendezvous folder. Every write is a whole small object (atomic on S3 and locally)."""
 
     def __init__(self, root: str, job: str, gang_id: str, attempt: int, poll_s: float = 0.5) -> None:
-        self.job_root = f"{root.rstrip('/')}/{_safe(job)}"
-        self.uri = f"{self.job_root}/{_safe(gang_id)}/attempt-{attempt}"
+        self.job_root = storage.join(root, _safe(job))
+        self.gang_root = storage.join(self.job_root, _safe(gang_id))
+        self.uri = storage.join(self.gang_root, f"attempt-{attempt}")
         self.poll_s = poll_s
-        self.fs, self.path = filesystem(self.uri)
-        self._job_path = filesystem(self.job_root)[1]
 
     def clear_stale(self) -> list[str]:
         """Rank 0: remove every earlier submission's and attempt's folder of this job; keep this attempt's."""
         removed = []
-        gang_path = self.path.rsplit("/", 1)[0]
-        for entry in self._list(self._job_path):
-            stale = [a for a in self._list(entry) if a != self.path] if entry == gang_path else [entry]
-            for path in stale:
-                self.fs.rm(path, recursive=True)
-                removed.append(path)
+        for gang in storage.list_names(self.job_root):
+            gang_uri = storage.join(self.job_root, gang)
+            if gang_uri != self.gang_root:
+                stale = [gang_uri]
+            else:
+                stale = [storage.join(gang_uri, a) for a in storage.list_names(gang_uri)]
+                stale = [uri for uri in stale if uri != self.uri]
+            for uri in stale:
+                storage.remove(uri)
+                removed.append(uri)
         return removed
 
     def publish_head(self, address: str, **extra: Any) -> None:
@@ -78,7 +81,7 @@ class Rendezvous:
         self._write(f"alive/{rank}", str(time.time()))
 
     def alive_ranks(self) -> set[int]:
-        return {int(p.rsplit("/", 1)[-1]) for p in self._list(f"{self.path}/alive") if p.rsplit("/", 1)[-1].isdigit()}
+        return {int(name) for name in storage.list_names(storage.join(self.uri, "alive")) if name.isdigit()}
 
     def mark_done(self) -> None:
         self._write("done", str(time.time()))
@@ -88,7 +91,7 @@ class Rendezvous:
 
     def outcome(self) -> tuple[bool, str] | None:
         """(True, "") once rank 0 succeeded, (False, reason) once it failed, None while it runs."""
-        if self.fs.exists(f"{self.path}/done"):
+        if storage.exists(storage.join(self.uri, "done")):
             return True, ""
         failed = self._read("failed")
         return None if failed is None else (False, failed)
@@ -114,26 +117,10 @@ class Rendezvous:
             time.sleep(self.poll_s)
 
     def _write(self, name: str, text: str) -> None:
-        path = f"{self.path}/{name}"
-        if self.fs.protocol in ("file", ("file", "local")):
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            tmp = f"{path}.tmp"
-            self.fs.pipe_file(tmp, text.encode())
-            self.fs.mv(tmp, path)
-        else:
-            self.fs.pipe_file(path, text.encode())
+        storage.write_text(storage.join(self.uri, name), text)
 
     def _read(self, name: str) -> str | None:
-        try:
-            return self.fs.cat_file(f"{self.path}/{name}").decode()
-        except FileNotFoundError:
-            return None
-
-    def _list(self, path: str) -> list[str]:
-        try:
-            return [p.rstrip("/") for p in self.fs.ls(path, detail=False)]
-        except FileNotFoundError:
-            return []
+        return storage.read_text(storage.join(self.uri, name))
 
 
 def _safe(part: str) -> str:

@@ -6,7 +6,8 @@ policy GPUs  = policy nodes * policy GPUs per node
 rollout GPUs = engines * engine ranks
 colocated:  each TP*PP slice divides a node; policy GPUs == rollout GPUs; total = policy GPUs
 separate:   one engine's ranks fit in one node; total = policy + reference + rollout GPUs
-EP divides TP*DP;  total == nodes * GPUs per node;  train % mini == 0;  mini % micro == 0
+EP divides TP*DP;  total == nodes * GPUs per node;  train % mini == 0;
+mini * samples splits over the policy ranks into micro-batches (micro counts samples, as in SkyRL)
 fully_async: train batch == mini batch, roles separate
 ```
 """
@@ -202,14 +203,6 @@ def _check_batches(plan: RolePlan, g: Geometry, runtime: Runtime) -> list[Violat
                 f"choose a mini batch among the divisors of {train}: {_divisors(train)}",
             )
         )
-    if mini % micro:
-        out.append(
-            Violation(
-                f"{RP}.micro_train_batch_size_per_gpu",
-                f"policy_mini_batch_size={mini} is not a multiple of micro_train_batch_size_per_gpu={micro}",
-                f"choose a micro batch among the divisors of {mini}: {_divisors(mini)}",
-            )
-        )
     world = g.policy_world_size
     if world and (mini * n) % world:
         out.append(
@@ -220,7 +213,7 @@ def _check_batches(plan: RolePlan, g: Geometry, runtime: Runtime) -> list[Violat
                 f"make policy_mini_batch_size * n_samples_per_prompt a multiple of {world}",
             )
         )
-    elif world and not mini % micro and ((mini * n) // world) % micro:
+    elif world and ((mini * n) // world) % micro:
         per_rank = (mini * n) // world
         out.append(
             Violation(

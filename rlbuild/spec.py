@@ -6,7 +6,6 @@ Structural problems (types, unknown keys, missing fields) are collected all at o
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
 
 from rlbuild.errors import PreflightError, Violation
+from rlbuild.validation import violations
 
 VERSION_PATTERN = re.compile(r"^(\d{4}\.\d{2}\.\d{2}(\.\d+)?|dev)$")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -129,50 +129,6 @@ class Experiment(_Strict):
         return value
 
 
-def _describe(error: dict[str, Any], raw: dict[str, Any]) -> Violation:
-    loc = [str(p) for p in error["loc"]]
-    field = ".".join(loc) or "<root>"
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        known = sorted(parent.model_fields) if parent else []
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else f"known keys here: {', '.join(known)}"
-        return Violation(field, "unknown key", fix)
-    if kind == "missing":
-        return Violation(field, "is required", "add it; every role-plan and topology field is explicit")
-    value = _value_at(raw, error["loc"])
-    return Violation(field, f"{error['msg']} (got {value!r})")
-
-
-def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    model: type[BaseModel] = Experiment
-    for part in loc:
-        if part.isdigit():
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        annotation = field.annotation
-        candidates = [annotation, *getattr(annotation, "__args__", ())]
-        for inner in list(candidates):
-            candidates += list(getattr(inner, "__args__", ()))
-        found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if found is None:
-            return None
-        model = found
-    return model
-
-
-def _value_at(raw: Any, loc: tuple[Any, ...]) -> Any:
-    for part in loc:
-        try:
-            raw = raw[part]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return raw
-
-
 def parse_experiment(raw: Any, source: str) -> Experiment:
     """Validate a parsed experiment mapping; raise PreflightError listing every structural problem."""
     if not isinstance(raw, dict):
@@ -180,8 +136,8 @@ def parse_experiment(raw: Any, source: str) -> Experiment:
     try:
         return Experiment.model_validate(raw)
     except ValidationError as exc:
-        violations = [_describe(e, raw) for e in exc.errors()]
-    raise PreflightError(source, violations + _arithmetic_of_parts(raw))
+        found = violations(exc, raw, Experiment)
+    raise PreflightError(source, found + _arithmetic_of_parts(raw))
 
 
 def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:

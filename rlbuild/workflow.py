@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.errors import PreflightError, RlbuildError, Violation
-from rlbuild.identity import MUTABLE_VERSION, check_drift
+from rlbuild.identity import check_drift
+from rlbuild.plan import Plan, resolve
 from rlbuild.planview import format_plan
-from rlbuild.preflight import Plan, check_experiment, check_model_shape, resolve
+from rlbuild.preflight import check_experiment, check_model_shape
 from rlbuild.redact import redact_text
 from rlbuild.spec import Experiment, check_version, load_experiment
 from rlbuild.storage import join, read_json
@@ -94,14 +96,13 @@ class Graph:
         self.storage_root = scope_storage(workflow, local_root, self.experiment.name)
 
     def terminal_stage(self, version: str) -> str:
-        """The last stage this invocation asks for, as the plan reports it."""
+        """The last artifact kind this invocation asks for, as the plan reports it."""
         settings = getattr(self.workflow, "dag_settings", None)
         targets = [str(t) for t in (settings.targets if settings else ())]
-        asked = [t.split("/")[0] for t in targets if f"/v{version}" in t]
-        for stage in ("eval", "export", "train", "launch", "stage", "base_model"):
-            if stage in asked:
-                return stage
-        return "eval" if not targets or "all" in targets else "export"
+        if not targets or "all" in targets:
+            return ARTIFACTS[-1].kind
+        asked = {kind_of_target(t) for t in targets if f"/v{version}" in t}
+        return next((a.kind for a in reversed(ARTIFACTS) if a.kind in asked), ARTIFACTS[-1].kind)
 
     @property
     def experiment_root(self) -> str:
@@ -114,13 +115,12 @@ class Graph:
             if problems:
                 raise PreflightError(str(self.experiment_file), problems)
             plan = resolve(self.experiment, version, self.storage_root, source=str(self.experiment_file))
-            check_drift(
-                version, plan.records, lambda kind: read_json(join(plan.experiment_root, plan.paths.record(kind)))
-            )
-            model_config = read_json(join(plan.experiment_root, f"{plan.paths.staged_model}/config.json"))
+            check_drift(version, plan.records, lambda kind: read_json(plan.uri(artifact(kind).record(version))))
+            staged_model = artifact("stage_model").path(version)
+            model_config = read_json(plan.uri(f"{staged_model}/config.json"))
             problems = check_model_shape(model_config or {}, self.experiment)
             if problems:
-                raise PreflightError(f"{self.experiment_file} (staged model {plan.paths.staged_model})", problems)
+                raise PreflightError(f"{self.experiment_file} (staged model {staged_model})", problems)
             self._plans[version] = plan
             if self.announce:
                 print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)
@@ -149,7 +149,7 @@ class Graph:
         plan = self.checked(wildcards.version)
         inputs: dict[str, Any] = {"marker": self.marker("stage_model")(wildcards)}
         if plan.uses_base_model:
-            inputs["base_model"] = plan.paths.base_model
+            inputs["base_model"] = artifact("base_model").path(wildcards.version)
         return inputs
 
     def gang_resources(self) -> dict[str, int | str]:

@@ -1,17 +1,19 @@
 rule eval:
     input:
         GRAPH.marker("eval"),
-        launch="launch/v{version}/launch.yaml",
-        record="launch/v{version}/identity.json",
-        model="export/v{version}",
-        data="stage/data/v{version}",
+        launch=ARTIFACT["launch"].path(),
+        record=ARTIFACT["launch"].record(),
+        model=ARTIFACT["export"].path(),
+        data=ARTIFACT["stage_data"].path(),
     output:
-        results=report("eval/v{version}/results.json", category="Eval", caption="../report/eval.rst"),
+        results=report(ARTIFACT["eval"].path(), category="Eval", caption="../report/eval.rst"),
         table=report("eval/v{version}/results.html", category="Eval", caption="../report/eval.rst"),
         curves=report("eval/v{version}/curves.png", category="Eval", caption="../report/curves.rst"),
-        record="eval/v{version}/identity.json",
+        record=ARTIFACT["eval"].record(),
     log:
         "logs/eval/v{version}.log",
+    params:
+        out=lambda wildcards, output: str(Path(output.results).parent),
     shell:
-        "{RLBUILD} eval --launch {input.launch} --model {input.model} --data {input.data} "
-        "--out $(dirname {output.results}) 2> {log}"
+        "{RLBUILD} eval --launch {input.launch:q} --model {input.model:q} --data {input.data:q} "
+        "--out {params.out:q} 2> {log:q}"

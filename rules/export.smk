@@ -2,12 +2,12 @@ rule export:
     # The terminal checkpoint as a Hugging Face folder; re-exporting never retrains.
     input:
         GRAPH.marker("export"),
-        launch="launch/v{version}/launch.yaml",
-        record="launch/v{version}/identity.json",
-        terminal="train/v{version}/terminal.json",
+        launch=ARTIFACT["launch"].path(),
+        record=ARTIFACT["launch"].record(),
+        terminal=ARTIFACT["train"].path(),
     output:
-        directory("export/v{version}"),
+        directory(ARTIFACT["export"].path()),
     log:
         "logs/export/v{version}.log",
     shell:
-        "{RLBUILD} export --launch {input.launch} --terminal {input.terminal} --out {output} 2> {log}"
+        "{RLBUILD} export --launch {input.launch:q} --terminal {input.terminal:q} --out {output:q} 2> {log:q}"

@@ -2,12 +2,14 @@ rule resolve_launch:
     # The one document every later stage reads. Every preflight check has already passed to get here.
     input:
         GRAPH.marker("launch"),
-        model="stage/model/v{version}",
-        data="stage/data/v{version}",
+        model=ARTIFACT["stage_model"].path(),
+        data=ARTIFACT["stage_data"].path(),
     output:
-        launch="launch/v{version}/launch.yaml",
-        record="launch/v{version}/identity.json",
+        launch=ARTIFACT["launch"].path(),
+        record=ARTIFACT["launch"].record(),
         plan=report("launch/v{version}/plan.txt", category="Plan", caption="../report/plan.rst"),
+    log:
+        "logs/resolve_launch/v{version}.log",
     shell:
-        "{RLBUILD} resolve-launch {ARGS} --version {wildcards.version} "
-        "--out {output.launch} --record {output.record} --plan {output.plan}"
+        "{RLBUILD} resolve-launch {ARGS} --version {wildcards.version:q} "
+        "--out {output.launch:q} --record {output.record:q} --plan {output.plan:q} 2> {log:q}"

@@ -3,32 +3,35 @@ rule base_model:
     input:
         GRAPH.marker("base_model"),
     output:
-        directory("base_model/v{version}"),
+        directory(ARTIFACT["base_model"].path()),
     log:
         "logs/base_model/v{version}.log",
     shell:
-        "{RLBUILD} base-model {ARGS} --version {wildcards.version} --out {output} 2> {log}"
+        "{RLBUILD} base-model {ARGS} --version {wildcards.version:q} --out {output:q} 2> {log:q}"
 
 
 rule stage_model:
     input:
         unpack(GRAPH.stage_model_inputs),
     output:
-        directory("stage/model/v{version}"),
+        directory(ARTIFACT["stage_model"].path()),
     log:
         "logs/stage_model/v{version}.log",
     params:
-        base_model=lambda wildcards, input: f"--base-model {input.base_model}" if "base_model" in input.keys() else "",
+        base_model=lambda wildcards, input: (
+            ["--base-model", input.base_model] if "base_model" in input.keys() else []
+        ),
     shell:
-        "{RLBUILD} stage-model {ARGS} --version {wildcards.version} {params.base_model} --out {output} 2> {log}"
+        "{RLBUILD} stage-model {ARGS} --version {wildcards.version:q} {params.base_model:q} --out {output:q} "
+        "2> {log:q}"
 
 
 rule stage_data:
     input:
         GRAPH.marker("stage_data"),
     output:
-        directory("stage/data/v{version}"),
+        directory(ARTIFACT["stage_data"].path()),
     log:
         "logs/stage_data/v{version}.log",
     shell:
-        "{RLBUILD} stage-data {ARGS} --version {wildcards.version} --out {output} 2> {log}"
+        "{RLBUILD} stage-data {ARGS} --version {wildcards.version:q} --out {output:q} 2> {log:q}"

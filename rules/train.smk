@@ -2,17 +2,17 @@ rule train:
     # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; locally, a local Ray.
     input:
         GRAPH.marker("train"),
-        launch="launch/v{version}/launch.yaml",
-        record="launch/v{version}/identity.json",
-        model="stage/model/v{version}",
-        data="stage/data/v{version}",
+        launch=ARTIFACT["launch"].path(),
+        record=ARTIFACT["launch"].record(),
+        model=ARTIFACT["stage_model"].path(),
+        data=ARTIFACT["stage_data"].path(),
     output:
-        terminal="train/v{version}/terminal.json",
-        record="train/v{version}/identity.json",
+        terminal=ARTIFACT["train"].path(),
+        record=ARTIFACT["train"].record(),
     log:
         "logs/train/v{version}.log",
     resources:
         **GRAPH.gang_resources(),
     shell:
-        "{RLBUILD} train --launch {input.launch} --terminal {output.terminal} --record {output.record} "
-        "2>&1 | tee {log}"
+        "{RLBUILD} train --launch {input.launch:q} --terminal {output.terminal:q} --record {output.record:q} "
+        "2>&1 | tee {log:q}"

@@ -7,14 +7,17 @@ import json
 import sys
 from pathlib import Path
 
+from rlbuild.errors import RlbuildError
+from rlbuild.redact import redact_text
 from trainer import evaluate, export, tasks, tiny
+from trainer.errors import TrainerError
 
 
 def _run(args: argparse.Namespace) -> int:
+    from rlbuild.launch import load_launch
     from trainer import loop
-    from trainer.config import Launch
 
-    manifest = loop.run(Launch.load(args.launch), args.terminal, args.allow_retrain)
+    manifest = loop.run(load_launch(str(args.launch)), args.terminal, args.allow_retrain)
     print(json.dumps(manifest, indent=2))
     return 0
 
@@ -38,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (ValueError, RuntimeError, OSError) as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (TrainerError, RlbuildError, OSError) as exc:
+        print(f"error: {type(exc).__name__}: {redact_text(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -20,14 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import storage
+from rlbuild import storage
+from trainer.errors import TrainerError
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST = "latest"
 STATE = "trainer_state.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TrainerError):
     """A checkpoint that cannot be resumed; the message says which and what to do."""
 
 
@@ -72,7 +73,7 @@ class CheckpointManager:
         return uri
 
     def _prune(self, newest: int) -> None:
-        steps = sorted(int(m[1]) for name in storage.list_dirs(self.root) if (m := STEP_DIR.match(name)))
+        steps = sorted(int(m[1]) for name in storage.list_names(self.root) if (m := STEP_DIR.match(name)))
         for step in [s for s in steps if s <= newest][: -self.keep]:
             storage.remove(self.step_uri(step))
 

@@ -20,7 +20,10 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlbuild.recipe import GeneratorSection
+from rlbuild.recipe import SamplingParams as RecipeSampling
 from trainer import weight_sync
+from trainer.errors import TrainerError
 from trainer.grpo import token_logprobs
 from trainer.weight_sync import TensorSpec
 
@@ -33,13 +36,8 @@ class SamplingParams:
     top_k: int = -1
 
     @classmethod
-    def from_recipe(cls, section: dict[str, Any]) -> SamplingParams:
-        return cls(
-            max_tokens=int(section["max_generate_length"]),
-            temperature=float(section["temperature"]),
-            top_p=float(section["top_p"]),
-            top_k=int(section["top_k"]),
-        )
+    def from_recipe(cls, section: RecipeSampling) -> SamplingParams:
+        return cls(section.max_generate_length, section.temperature, section.top_p, section.top_k)
 
 
 @dataclass
@@ -71,7 +69,7 @@ class InferenceEngine(Protocol):
         ...
 
 
-class EngineError(RuntimeError):
+class EngineError(TrainerError):
     """An engine that cannot be built with the requested settings."""
 
 
@@ -279,19 +277,19 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def make_engine(backend: str, model_dir: Path, generator: dict[str, Any], seed: int, num_threads: int) -> Any:
+def make_engine(backend: str, model_dir: Path, generator: GeneratorSection, seed: int, num_threads: int) -> Any:
     if resolve_backend(backend) == "torch":
         return TorchEngine(model_dir, "cuda" if torch.cuda.is_available() else "cpu", num_threads)
     return VLLMEngine(
         model_dir,
-        tensor_parallel_size=int(generator["inference_engine_tensor_parallel_size"]),
-        pipeline_parallel_size=int(generator["inference_engine_pipeline_parallel_size"]),
-        data_parallel_size=int(generator["inference_engine_data_parallel_size"]),
-        expert_parallel_size=int(generator["inference_engine_expert_parallel_size"]),
-        gpu_memory_utilization=float(generator["gpu_memory_utilization"]),
-        enforce_eager=bool(generator["enforce_eager"]),
+        tensor_parallel_size=generator.inference_engine_tensor_parallel_size,
+        pipeline_parallel_size=generator.inference_engine_pipeline_parallel_size,
+        data_parallel_size=generator.inference_engine_data_parallel_size,
+        expert_parallel_size=generator.inference_engine_expert_parallel_size,
+        gpu_memory_utilization=generator.gpu_memory_utilization,
+        enforce_eager=generator.enforce_eager,
         seed=seed,
-        max_model_len=int(generator["max_prompt_length"]) + int(generator["sampling_params"]["max_generate_length"]),
+        max_model_len=generator.max_prompt_length + generator.sampling_params.max_generate_length,
     )
 
 

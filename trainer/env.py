@@ -7,11 +7,13 @@ recipe selects them by name. Dataset rows are `{prompt, answer}` (see trainer/ta
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
+
+from trainer.errors import TrainerError
 
 
 class Environment(Protocol):
-    def reward(self, row: dict[str, str], completion: str, finished: bool) -> float:
+    def reward(self, row: dict[str, Any], completion: str, finished: bool) -> float:
         """`completion` is the decoded text without special tokens; `finished` says it ended with <eos>."""
         ...
 
@@ -29,7 +31,7 @@ def register(name: str) -> Callable[[Callable[[], Environment]], Callable[[], En
 
 def make(name: str) -> Environment:
     if name not in _REGISTRY:
-        raise ValueError(
+        raise TrainerError(
             f"environment.env_class={name!r} is not registered; use one of {', '.join(sorted(_REGISTRY))} "
             "or register one with trainer.env.register"
         )
@@ -40,5 +42,5 @@ def make(name: str) -> Environment:
 class ExactMatch:
     """1.0 when the completion is exactly the answer and generation stopped with <eos>, else 0.0."""
 
-    def reward(self, row: dict[str, str], completion: str, finished: bool) -> float:
-        return 1.0 if finished and completion == row["answer"] else 0.0
+    def reward(self, row: dict[str, Any], completion: str, finished: bool) -> float:
+        return 1.0 if finished and completion == str(row["answer"]) else 0.0

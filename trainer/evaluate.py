@@ -14,28 +14,20 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from rlbuild import storage
+from rlbuild.rows import read_rows
 from trainer import env as environments
+from trainer.data import encode_prompts
 from trainer.engines import Rollout, SamplingParams, TorchEngine
-from trainer.tasks import read_jsonl
+from trainer.rewards import rewards
 
 Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
-
-
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]) -> list[list[int]]:
-    return [tokenizer(row["prompt"])["input_ids"] for row in rows]
-
-
-def rewards(
-    tokenizer: PreTrainedTokenizerBase, environment: Any, rows: list[dict[str, str]], rollouts: list[Rollout]
-) -> list[float]:
-    texts = tokenizer.batch_decode([r.token_ids for r in rollouts], skip_special_tokens=True)
-    return [environment.reward(row, text, r.finished) for row, text, r in zip(rows, texts, rollouts, strict=True)]
 
 
 def score(
     generate: Generate,
     tokenizer: PreTrainedTokenizerBase,
-    rows: list[dict[str, str]],
+    rows: list[dict[str, Any]],
     *,
     max_tokens: int,
     k: int = 1,
@@ -59,7 +51,7 @@ def score(
 
 def evaluate(
     model_dir: Path,
-    rows: list[dict[str, str]],
+    rows: list[dict[str, Any]],
     k: int = 1,
     *,
     max_tokens: int = 4,
@@ -83,18 +75,21 @@ def evaluate(
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("eval", help="greedy accuracy and pass@k of an HF model folder on a JSONL file")
+    parser = sub.add_parser("eval", help="greedy accuracy and pass@k of an HF model folder on JSONL rows")
     parser.add_argument("--model", required=True, type=Path)
-    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--data", required=True, type=Path, nargs="+", help="JSONL files of {prompt, answer} rows")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--env-class", default="exact_match", help="the reward environment that scores answers")
 
     def run(args: argparse.Namespace) -> int:
-        result = evaluate(args.model, read_jsonl(args.data), args.k, max_tokens=args.max_tokens, seed=args.seed)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        rows = [row for path in args.data for row in read_rows(path)]
+        result = evaluate(
+            args.model, rows, args.k, max_tokens=args.max_tokens, seed=args.seed, env_class=args.env_class
+        )
+        storage.write_json(str(args.out), result)
         print(json.dumps(result))
         return 0
 

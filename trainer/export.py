@@ -11,17 +11,18 @@ import json
 import tempfile
 from pathlib import Path
 
-from trainer import storage
-from trainer.config import Launch
+from rlbuild import storage
+from rlbuild.launch import LaunchDocument, load_launch
+from trainer.errors import TrainerError
 
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
 
 
-class ExportError(RuntimeError):
+class ExportError(TrainerError):
     """The terminal checkpoint cannot be exported."""
 
 
-def export(launch: Launch, terminal_uri: str, out: str) -> Path | str:
+def export(launch: LaunchDocument, terminal_uri: str, out: str) -> Path | str:
     text = storage.read_text(terminal_uri)
     if text is None:
         raise ExportError(f"--terminal {terminal_uri} does not exist: train this version first (the train rule)")
@@ -29,9 +30,10 @@ def export(launch: Launch, terminal_uri: str, out: str) -> Path | str:
     hf_uri = manifest.get("hf_path")
     if not hf_uri:
         raise ExportError(f"{terminal_uri} has no hf_path; it was not written by this trainer. Retrain the version.")
-    if not hf_uri.startswith(launch.checkpoint_root):
+    checkpoint_root = launch.artifacts.checkpoint_root
+    if not hf_uri.startswith(checkpoint_root):
         raise ExportError(
-            f"{terminal_uri} names hf_path {hf_uri}, outside this launch's checkpoint_root {launch.checkpoint_root}; "
+            f"{terminal_uri} names hf_path {hf_uri}, outside this launch's checkpoint_root {checkpoint_root}; "
             "the terminal manifest and launch document belong to different runs"
         )
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
@@ -53,7 +55,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True)
 
     def run(args: argparse.Namespace) -> int:
-        print(f"[trainer] exported to {export(Launch.load(args.launch), args.terminal, args.out)}")
+        print(f"[trainer] exported to {export(load_launch(str(args.launch)), args.terminal, args.out)}")
         return 0
 
     parser.set_defaults(func=run)

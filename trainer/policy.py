@@ -34,8 +34,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from trainer import grpo, storage, weight_sync
-from trainer.config import reference_ranks
+from rlbuild import storage
+from rlbuild.manifest import materialise
+from rlbuild.recipe import Recipe
+from trainer import grpo, weight_sync
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -141,13 +143,13 @@ def score(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: f
 
 class PolicyWorker:
     def __init__(
-        self, rank: int, world_size: int, recipe: dict[str, Any], model_uri: str, cache_dir: str, num_threads: int
+        self, rank: int, world_size: int, recipe: Recipe, model_uri: str, cache_dir: str, num_threads: int
     ) -> None:
         torch.set_num_threads(num_threads)
         self.rank, self.world_size = rank, world_size
         self.recipe = recipe
         # Each rank materialises on its own node; on one node the verified cache is shared.
-        self.model_dir = storage.materialise(model_uri, Path(cache_dir))
+        self.model_dir = materialise(model_uri, Path(cache_dir))
         cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
@@ -165,57 +167,71 @@ class PolicyWorker:
         dist.init_process_group(
             backend, rank=self.rank, world_size=self.world_size, timeout=datetime.timedelta(minutes=10)
         )
-        trainer = self.recipe["trainer"]
-        torch.manual_seed(int(trainer["seed"]))
+        trainer = self.recipe.trainer
+        torch.manual_seed(trainer.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
-        algorithm = trainer["algorithm"]
         self.ref = None
-        if algorithm["use_kl_loss"] and reference_ranks(self.recipe) == 0:
+        if trainer.algorithm.use_kl_loss and self.recipe.reference_workers == 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        self.fsdp = trainer["strategy"] == "fsdp2" and self.device.type == "cuda"
+        self.fsdp = trainer.strategy == "fsdp2" and self.device.type == "cuda"
+        self.model = self._wrap(model)
+        self.module = model
+        self.optimizer, self.scheduler = self._optimizer()
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 on GPUs (the reference too), DDP across several CPU ranks, the bare model on one rank."""
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
 
-            for layer in model.model.layers:
-                fully_shard(layer)
-            self.model = fully_shard(model)
-            if self.ref is not None:
-                for layer in self.ref.model.layers:
+            for module in (model, self.ref) if self.ref is not None else (model,):
+                for layer in module.model.layers:
                     fully_shard(layer)
-                fully_shard(self.ref)
-        elif self.world_size > 1:
-            self.model = torch.nn.parallel.DistributedDataParallel(model)
-        else:
-            # One rank has nothing to average; DDP's hooks would cost ~15% of each micro-batch on CPU.
-            self.model = model
-        self.module = model
-        opt = trainer["policy"]["optimizer_config"]
-        self.optimizer = torch.optim.AdamW(
+                fully_shard(module)
+            return model
+        if self.world_size > 1:
+            return torch.nn.parallel.DistributedDataParallel(model)
+        # One rank has nothing to average; DDP's hooks would cost ~15% of each micro-batch on CPU.
+        return model
+
+    def _optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        trainer = self.recipe.trainer
+        opt = trainer.policy.optimizer_config
+        optimizer = torch.optim.AdamW(
             self.model.parameters(),
-            lr=float(opt["lr"]),
-            betas=tuple(opt["adam_betas"]),
-            weight_decay=float(opt["weight_decay"]),
+            lr=opt.lr,
+            betas=(opt.adam_betas[0], opt.adam_betas[1]),
+            weight_decay=opt.weight_decay,
             fused=True,  # one kernel for all parameters (CPU and CUDA); the per-tensor loop costs ~2 ms a step here
         )
-        minis = int(trainer["train_batch_size"]) // int(trainer["policy_mini_batch_size"])
-        total = int(trainer["max_steps"]) * minis * int(trainer["update_epochs_per_batch"])
-        schedule = LearningRateSchedule(
-            opt["scheduler"], int(opt["num_warmup_steps"]), total, float(opt["min_lr_ratio"])
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        minis = trainer.train_batch_size // trainer.policy_mini_batch_size
+        total = trainer.max_steps * minis * trainer.update_epochs_per_batch
+        schedule = LearningRateSchedule(opt.scheduler, opt.num_warmup_steps, total, opt.min_lr_ratio)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
     # ------------------------------------------------------------------ training
 
     def train_step(self, shard: dict[str, torch.Tensor], minis: int, micro: int) -> dict[str, float]:
         """One global step on this rank's shard: `minis` optimizer steps (x update epochs) of micro-batches."""
-        trainer = self.recipe["trainer"]
-        epochs = int(trainer["update_epochs_per_batch"])
-        temperature = float(self.recipe["generator"]["sampling_params"]["temperature"])
         shard = {k: v.to(self.device) for k, v in shard.items()}
-        rows = shard["input_ids"].shape[0]
-        per_mini = rows // minis
-        mask = shard["completion_mask"]
-        forward_rows = int(trainer["micro_forward_batch_size_per_gpu"])
+        ref, old = self._scores(shard, minis)
+        old_seen = torch.zeros_like(shard["completion_mask"])
+        sums = {name: torch.zeros((), device=self.device) for name in _SUMMED}
+        per_mini = shard["input_ids"].shape[0] // minis
+        grad_norms = []
+        self.model.train()
+        for epoch in range(self.recipe.trainer.update_epochs_per_batch):
+            for m in range(minis):
+                rows = range(m * per_mini, (m + 1) * per_mini)
+                seen = old_seen if epoch == 0 else None
+                grad_norms.append(self._optimizer_step(shard, rows, micro, old, ref, sums, seen))
+            if old is None:
+                old = old_seen
+        return self._statistics(shard, sums, grad_norms, old_seen)
+
+    def _scores(self, shard: dict[str, torch.Tensor], minis: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """No-grad reference logprobs, and old-policy logprobs when they cannot come from the first epoch."""
+        forward_rows = self.recipe.trainer.micro_forward_batch_size_per_gpu
+        temperature = self.recipe.generator.sampling_params.temperature
         self.model.eval()
         # Reference logprobs come with the shard when the reference has GPUs of its own (trainer/reference.py).
         ref = shard.get("ref_logprobs")
@@ -224,41 +240,51 @@ class PolicyWorker:
         # With one optimizer step per epoch, the first epoch's forwards all run before any update, so they
         # *are* the old policy's logprobs: reuse them instead of a separate no-grad pass.
         old = score(self.model, shard, temperature, forward_rows) if minis > 1 else None
-        old_seen = torch.zeros_like(mask)
-        sums = {name: torch.zeros((), device=self.device) for name in _SUMMED}
-        grad_norms = []
-        self.model.train()
-        for epoch in range(epochs):
-            for m in range(minis):
-                self.optimizer.zero_grad(set_to_none=True)
-                starts = range(m * per_mini, (m + 1) * per_mini, micro)
-                for n, start in enumerate(starts):
-                    part = slice(start, min(start + micro, (m + 1) * per_mini))
-                    batch, width = _take(shard, part)
-                    loss, old_part = self._micro_loss(
-                        batch,
-                        None if old is None else old[part, :width],
-                        None if ref is None else ref[part, :width],
-                        sums,
-                    )
-                    if epoch == 0:
-                        old_seen[part, :width] = old_part
-                    # DDP averages gradients over ranks; the weights already normalise over the whole
-                    # mini-batch, so scale by the world size to get the sum. Sync only on the last micro-batch.
-                    if self.model is self.module or self.fsdp or n == len(starts) - 1:
-                        (loss * self.world_size).backward()
-                    else:
-                        with self.model.no_sync():
-                            (loss * self.world_size).backward()
-                norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), float(trainer["policy"]["optimizer_config"]["max_grad_norm"])
-                )
-                grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-                self.optimizer.step()
-                self.scheduler.step()
-            if old is None:
-                old = old_seen
-        diff = (old_seen - shard["rollout_logprobs"]) * mask
+        return ref, old
+
+    def _optimizer_step(
+        self,
+        shard: dict[str, torch.Tensor],
+        rows: range,
+        micro: int,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        sums: dict[str, torch.Tensor],
+        old_seen: torch.Tensor | None,
+    ) -> float:
+        """Accumulate the mini-batch `rows` in micro-batches, clip, step; returns the gradient norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        starts = range(rows.start, rows.stop, micro)
+        for n, start in enumerate(starts):
+            part = slice(start, min(start + micro, rows.stop))
+            batch, width = _take(shard, part)
+            # DDP all-reduces only on the mini-batch's last micro-batch; FSDP2 reduce-scatters every time.
+            if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+                self.model.require_backward_grad_sync = n == len(starts) - 1
+            loss, old_part = self._micro_loss(
+                batch,
+                None if old is None else old[part, :width],
+                None if ref is None else ref[part, :width],
+                sums,
+            )
+            # Ranks' gradients are averaged, but the weights already normalise over the whole mini-batch: scale
+            # by the world size so the average is the sum.
+            (loss * self.world_size).backward()
+            if old_seen is not None:
+                old_seen[part, :width] = old_part
+        max_norm = self.recipe.trainer.policy.optimizer_config.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def _statistics(
+        self, shard: dict[str, torch.Tensor], sums: dict[str, torch.Tensor], grad_norms: list[float], old: torch.Tensor
+    ) -> dict[str, float]:
+        """The step's metrics, summed over every rank's tokens."""
+        mask = shard["completion_mask"]
+        epochs = self.recipe.trainer.update_epochs_per_batch
+        diff = (old - shard["rollout_logprobs"]) * mask
         sums["tokens"] = mask.sum()
         sums["log_ratio_rollout"] = diff.sum()
         sums["abs_log_ratio_rollout"] = diff.abs().sum()
@@ -286,24 +312,23 @@ class PolicyWorker:
         sums: dict[str, torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The micro-batch's share of the mini-batch loss, and the old logprobs it used (its own, if None)."""
-        algorithm = self.recipe["trainer"]["algorithm"]
-        temperature = float(self.recipe["generator"]["sampling_params"]["temperature"])
-        logp, entropy = forward_logprobs(self.model, batch, temperature, True)
+        algorithm = self.recipe.trainer.algorithm
+        logp, entropy = forward_logprobs(self.model, batch, self.recipe.generator.sampling_params.temperature, True)
         assert entropy is not None
         old = logp.detach() if old is None else old
         tis = None
-        if algorithm["use_tis"]:
-            tis = grpo.tis_weights(old, batch["rollout_logprobs"], float(algorithm["tis_imp_ratio_cap"]))
+        if algorithm.use_tis:
+            tis = grpo.tis_weights(old, batch["rollout_logprobs"], algorithm.tis_imp_ratio_cap)
         mask, weights, seq_weights = batch["completion_mask"], batch["loss_weights"], batch["seq_weights"]
         advantages = batch["advantages"][:, None].expand_as(logp)
         per_token, clipped = grpo.policy_loss(
             logp,
             old,
             advantages,
-            eps_clip_low=float(algorithm["eps_clip_low"]),
-            eps_clip_high=float(algorithm["eps_clip_high"]),
-            loss_type=algorithm["policy_loss_type"],
-            clip_ratio_c=float(algorithm["clip_ratio_c"]),
+            eps_clip_low=algorithm.eps_clip_low,
+            eps_clip_high=algorithm.eps_clip_high,
+            loss_type=algorithm.policy_loss_type,
+            clip_ratio_c=algorithm.clip_ratio_c,
             tis_weights=tis,
         )
         pg_loss = (per_token * weights).sum()
@@ -312,10 +337,10 @@ class PolicyWorker:
         if ref is not None:
             kl = grpo.kl_k3(logp, ref)
             # KL stays a per-sequence token mean averaged over the mini-batch (seq_weights), as SkyRL keeps it.
-            loss = loss + float(algorithm["kl_loss_coef"]) * (kl * seq_weights).sum()
+            loss = loss + algorithm.kl_loss_coef * (kl * seq_weights).sum()
             sums["kl_tokens"] += (kl.detach() * mask).sum()
-        if algorithm["use_entropy_loss"]:
-            loss = loss - float(algorithm["entropy_loss_coef"]) * (entropy * seq_weights).sum()
+        if algorithm.use_entropy_loss:
+            loss = loss - algorithm.entropy_loss_coef * (entropy * seq_weights).sum()
         sums["entropy_tokens"] += (entropy.detach() * mask).sum()
         sums["clipped_tokens"] += (clipped * mask).sum()
         return loss, old

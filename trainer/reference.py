@@ -1,6 +1,6 @@
 """The reference role on GPUs of its own: a frozen copy of the initial policy that scores rollouts for the KL term.
 
-Used when the role plan gives the reference its own nodes (`trainer.config.reference_ranks` > 0). Each worker
+Used when the role plan gives the reference its own nodes (`Recipe.reference_workers` > 0). Each worker
 holds a full replica and scores a contiguous share of the step's batch; the driver hands the scores to the
 policy ranks as `ref_logprobs`. Otherwise the policy workers keep the reference themselves (trainer/policy.py).
 """
@@ -8,25 +8,25 @@ policy ranks as `ref_logprobs`. Otherwise the policy workers keep the reference 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer import storage
+from rlbuild.manifest import materialise
+from rlbuild.recipe import Recipe
 from trainer.policy import score
 
 
 class ReferenceWorker:
-    def __init__(self, recipe: dict[str, Any], model_uri: str, cache_dir: str, num_threads: int) -> None:
+    def __init__(self, recipe: Recipe, model_uri: str, cache_dir: str, num_threads: int) -> None:
         torch.set_num_threads(num_threads)
         cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        model_dir = storage.materialise(model_uri, Path(cache_dir))
+        model_dir = materialise(model_uri, Path(cache_dir))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model = model.to(self.device).eval().requires_grad_(False)
-        self.temperature = float(recipe["generator"]["sampling_params"]["temperature"])
-        self.chunk_rows = int(recipe["trainer"]["micro_forward_batch_size_per_gpu"])
+        self.temperature = recipe.generator.sampling_params.temperature
+        self.chunk_rows = recipe.trainer.micro_forward_batch_size_per_gpu
 
     def logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Reference logprobs [b, C] of the batch's completions (zeros at padding)."""

@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import json
 import random
 from pathlib import Path
+
+from rlbuild import storage
+from rlbuild.rows import dump_rows
+from trainer.errors import TrainerError
 
 TASKS = ("addition", "reversal")
 SPLITS = ("train", "validation")
@@ -26,7 +29,7 @@ REVERSAL_ALPHABET = "abcde"
 REVERSAL_LENGTH = 3
 
 
-class TaskError(ValueError):
+class TaskError(TrainerError):
     """A task, split or revision that this module cannot generate."""
 
 
@@ -57,27 +60,15 @@ def generate(task: str, split: str, revision: str) -> list[dict[str, str]]:
     return [rows[i] for i in chosen]
 
 
-def write_jsonl(rows: list[dict[str, str]], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
-def read_jsonl(path: Path) -> list[dict[str, str]]:
-    rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
-            raise TaskError(f"{path}:{n}: rows must be JSON objects with a string 'prompt' and an 'answer'")
-        rows.append({"prompt": row["prompt"], "answer": str(row["answer"])})
-    return rows
-
-
 def add_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("make-data", help="write a built-in task split as JSONL")
     parser.add_argument("--task", required=True, choices=TASKS)
     parser.add_argument("--split", required=True, choices=SPLITS)
     parser.add_argument("--revision", required=True)
     parser.add_argument("--out", required=True, type=Path)
-    parser.set_defaults(func=lambda a: write_jsonl(generate(a.task, a.split, a.revision), a.out) or 0)
+
+    def run(args: argparse.Namespace) -> int:
+        storage.write_text(str(args.out), dump_rows(generate(args.task, args.split, args.revision)))
+        return 0
+
+    parser.set_defaults(func=run)

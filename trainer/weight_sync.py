@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainer.errors import TrainerError
+
 BACKENDS = ("gloo", "nccl")
 TIMEOUT = datetime.timedelta(minutes=10)
 
@@ -36,7 +38,7 @@ def specs_of(state: dict[str, torch.Tensor]) -> list[TensorSpec]:
 def open_group(backend: str, master_addr: str, port: int, rank: int, world_size: int) -> dist.ProcessGroup:
     """Join the sync group; every member calls this at once (rank 0 hosts the rendezvous store)."""
     if backend not in BACKENDS:
-        raise ValueError(f"generator.weight_sync_backend={backend!r} is not supported; use one of {BACKENDS}")
+        raise TrainerError(f"generator.weight_sync_backend={backend!r} is not supported; use one of {BACKENDS}")
     prefer_loopback(master_addr)
     store = dist.TCPStore(master_addr, port, world_size, is_master=rank == 0, timeout=TIMEOUT)
     if backend == "gloo":

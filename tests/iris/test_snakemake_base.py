@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from snakemake.common.tests import TestWorkflowsLocalStorageBase, TestWorkflowsMinioPlayStorageBase
-from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_interface_executor_plugins.settings import ExecutorSettingsBase
 
+from snakemake_executor_plugin_iris import ExecutorSettings
 from tests.conftest import S3Server
 from tests.iris.local_cluster import LocalIris
 

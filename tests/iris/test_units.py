@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from iris.client import JobState
+
+from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
 from snakemake_executor_plugin_iris.status import Outcome, outcome
-
-from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
@@ -127,14 +127,6 @@ def test_rendezvous_clears_stale_attempts_and_reports_outcomes(tmp_path: Path) -
     assert rdv.wait_outcome(lambda: True) == (False, "rank 0's job step exited with code 3")
     rdv.mark_done()
     assert rdv.outcome() == (True, "")
-
-
-def test_the_plugin_requests_the_ports_the_bootstrap_reads() -> None:
-    from snakemake_executor_plugin_iris.executor import RAY_PORTS
-
-    from rlbuild.gang import RAY_PORT_NAMES
-
-    assert tuple(RAY_PORTS) == RAY_PORT_NAMES
 
 
 def test_an_unreachable_controller_fails_at_start_with_a_fix(tmp_path: Path) -> None:

@@ -115,13 +115,13 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         [("role_plan.policy_mini_batch_size", "train_batch_size=60 is not a multiple of policy_mini_batch_size=16")],
     ),
     (
-        "mini-not-multiple-of-micro",
+        "rank-samples-not-multiple-of-micro",
         {RP + "micro_train_batch_size_per_gpu": 3},
         "dev",
         [
             (
                 "role_plan.micro_train_batch_size_per_gpu",
-                "policy_mini_batch_size=16 is not a multiple of micro_train_batch_size_per_gpu=3",
+                "each policy rank gets 4 samples per mini batch, not a multiple of micro_train_batch_size_per_gpu=3",
             )
         ],
     ),
@@ -226,7 +226,12 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "recipe-loss-reduction",
         {"recipe": {"trainer": {"algorithm": {"loss_reduction": "mean"}}}},
         "dev",
-        [("recipe.trainer.algorithm.loss_reduction", "'mean' is not supported")],
+        [
+            (
+                "recipe.trainer.algorithm.loss_reduction",
+                "Input should be 'token_mean', 'seq_mean_token_sum' or 'seq_mean_token_mean' (got 'mean')",
+            )
+        ],
     ),
     (
         "recipe-tis-without-cap",

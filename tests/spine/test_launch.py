@@ -8,12 +8,11 @@ import pytest
 import yaml
 
 from rlbuild.cli import main
-from rlbuild.preflight import resolve
+from rlbuild.plan import resolve
 from rlbuild.spec import parse_experiment
-from tests.spine.experiments import SEED_64_GPU, experiment, write
+from tests.spine.experiments import experiment, write
 
-SEED_REVISION = SEED_64_GPU["model"]["tokenizer"]["revision"]
-SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "trainer"]
+SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "recipe"]
 
 
 def resolve_launch(tmp_path: Path, doc: dict, out: str) -> str:
@@ -35,30 +34,30 @@ def test_same_inputs_give_a_byte_identical_document(tmp_path: Path) -> None:
 
 def test_role_plan_is_rendered_into_the_recipe() -> None:
     plan = resolve(parse_experiment(experiment(), "test"), "2026.09.21", "s3://bucket/p")
-    trainer = plan.launch["trainer"]
-    assert trainer["trainer"]["placement"]["policy_num_nodes"] == 4
-    assert trainer["trainer"]["train_batch_size"] == 64
-    assert trainer["generator"]["inference_engine_data_parallel_size"] == 8
-    assert trainer["generator"]["n_samples_per_prompt"] == 8
-    assert trainer["trainer"]["seed"] == 42
+    recipe = plan.launch.recipe
+    assert recipe.trainer.placement.policy_num_nodes == 4
+    assert recipe.trainer.train_batch_size == 64
+    assert recipe.generator.inference_engine_data_parallel_size == 8
+    assert recipe.generator.n_samples_per_prompt == 8
+    assert recipe.trainer.seed == 42
 
 
 def test_recipe_values_compose_over_the_base() -> None:
     doc = experiment(recipe={"trainer": {"max_steps": 7, "algorithm": {"kl_loss_coef": 0.1}}})
     plan = resolve(parse_experiment(doc, "test"), "2026.09.21", "s3://bucket/p")
-    trainer = plan.launch["trainer"]["trainer"]
-    assert trainer["max_steps"] == 7
-    assert trainer["algorithm"]["kl_loss_coef"] == 0.1
-    assert trainer["algorithm"]["eps_clip_low"] == 0.2  # from the base recipe
+    trainer = plan.launch.recipe.trainer
+    assert trainer.max_steps == 7
+    assert trainer.algorithm.kl_loss_coef == 0.1
+    assert trainer.algorithm.eps_clip_low == 0.2  # the typed recipe's default
 
 
 def test_paths_are_scoped_by_experiment_and_version() -> None:
     plan = resolve(parse_experiment(experiment(), "test"), "2026.09.21", "s3://bucket/p")
-    artifacts = plan.launch["artifacts"]
-    assert artifacts["export_root"] == "s3://bucket/p/seed-64/export/v2026.09.21"
-    assert artifacts["checkpoint_root"] == "s3://bucket/p/seed-64/tmp/ttl=14d/train/v2026.09.21/checkpoints"
+    artifacts = plan.launch.artifacts
+    assert artifacts.export_root == "s3://bucket/p/seed-64/export/v2026.09.21"
+    assert artifacts.checkpoint_root == "s3://bucket/p/seed-64/tmp/ttl=14d/train/v2026.09.21/checkpoints"
     other = resolve(parse_experiment(experiment(name="other"), "test"), "2026.09.21", "s3://bucket/p")
-    assert not set(_uris(plan.launch)) & set(_uris(other.launch))
+    assert not set(_uris(plan.launch.model_dump())) & set(_uris(other.launch.model_dump()))
 
 
 def _uris(node: object) -> list[str]:
@@ -86,7 +85,11 @@ def test_secret_values_never_reach_the_document(tmp_path: Path, monkeypatch: pyt
     assert "<redacted>" in text
 
 
-def test_tokenizer_fields_are_not_mistaken_for_secrets(tmp_path: Path) -> None:
-    document = yaml.safe_load(resolve_launch(tmp_path, experiment(), "a"))
-    assert document["inputs"]["model"]["tokenizer_uri"] == "s3://bucket/p/seed-64/stage/model/v2026.09.21"
-    assert document["inputs"]["model"]["tokenizer_revision"] == SEED_REVISION
+def test_the_trainer_reads_the_document_the_builder_writes(tmp_path: Path) -> None:
+    from rlbuild.launch import load_launch
+
+    path = tmp_path / "written"
+    resolve_launch(tmp_path, experiment(), "written")
+    launch = load_launch(str(path / "launch.yaml"))
+    assert launch.inputs.model.uri == "s3://bucket/p/seed-64/stage/model/v2026.09.21"
+    assert launch.recipe.trainer.placement.policy_world_size == 32

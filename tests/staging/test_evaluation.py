@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rlbuild.evaluation import EvalError, plot_curves, read_metrics, run_eval
-from rlbuild.staging import ManifestMismatchError, StagingError, write_manifest
+from rlbuild.launch import LaunchDocument, load_launch
+from rlbuild.manifest import ManifestError, ManifestMismatchError, write_manifest
+from rlbuild.rows import RowError
+from tests.launches import base_model_dir, write_test_launch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -21,6 +21,7 @@ def _metrics(path: Path) -> Path:
     lines[4] = json.dumps({"step": 5, "eval_accuracy": 0.4})  # an eval line without reward
     lines.append(json.dumps({"step": 10, "eval_accuracy": 0.7, "reward_mean": None}))
     lines.append('{"step": 11, "rew')  # torn by a killed writer
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -35,52 +36,20 @@ def _validation(staged: Path, n: int = 5) -> Path:
 
 
 @pytest.fixture
-def scoring(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Calls to the stand-in for trainer.evaluate.evaluate; empty when the trainer's own scorer is used."""
-    calls: list[dict[str, Any]] = []
-    try:
-        import trainer.evaluate
-
-        return calls
-    except ImportError:
-        pass
-
-    def evaluate(model_dir: Path, rows: list[dict[str, Any]], k: int = 1, *, seed: int = 0) -> dict[str, Any]:
-        calls.append({"model_dir": model_dir, "n": len(rows), "k": k, "seed": seed})
-        return {"n": len(rows), "accuracy": 0.4, "k": k, "pass_at_k": 0.6, "temperature": 1.0}
-
-    module = types.ModuleType("trainer.evaluate")
-    module.evaluate = evaluate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "trainer.evaluate", module)
-    import trainer
-
-    monkeypatch.setattr(trainer, "evaluate", module, raising=False)
-    return calls
+def launch(tmp_path: Path) -> LaunchDocument:
+    return load_launch(str(write_test_launch(tmp_path / "run")))
 
 
-@pytest.fixture
-def model(tmp_path: Path, scoring: list[dict[str, Any]]) -> Path:
-    """The export to score: the tiny base model when the real scorer runs, an empty folder for the stand-in."""
-    path = tmp_path / "export"
-    try:
-        import trainer.evaluate  # noqa: F401
-    except ImportError:
-        path.mkdir()
-        return path
-    from trainer.tiny import build_base_model
-
-    build_base_model(path, seed=0, warm_start_steps=0)
-    return path
-
-
-def test_run_eval_writes_results_table_and_png(tmp_path: Path, model: Path, scoring: list[dict[str, Any]]) -> None:
-    metrics = _metrics(tmp_path / "metrics.jsonl")
-    results = run_eval(model, [_validation(tmp_path / "data")], str(metrics), tmp_path / "eval", k=2, seed=7)
+def test_run_eval_writes_results_table_and_png(tmp_path: Path, launch: LaunchDocument) -> None:
+    _metrics(Path(launch.artifacts.metrics_uri))
+    validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
+    results = run_eval(base_model_dir(0), validation, launch, tmp_path / "eval", k=2)
 
     out = tmp_path / "eval"
     assert json.loads((out / "results.json").read_text()) == results
-    assert results["k"] == 2 and results["n"] == 5 and results["seed"] == 7
+    assert results["k"] == 2 and results["n"] == 20 and results["seed"] == launch.run.seed
     assert 0.0 <= results["accuracy"] <= 1.0 and 0.0 <= results["pass_at_k"] <= 1.0
+    assert results["samples"] == {"n": 20, "k": 2, "temperature": 1.0}
     training = results["training"]
     assert training["unreadable_lines"] == 1 and training["last_step"] == 10
     assert training["reward_mean"] == {"first": 0.1, "last": 1.0, "max": 1.0}
@@ -92,9 +61,6 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, model: Path, scor
 
     assert matplotlib.image.imread(out / "curves.png").shape[2] in (3, 4)
     assert not list(out.glob(".*tmp*"))
-    if scoring:
-        assert scoring == [{"model_dir": model, "n": 5, "k": 2, "seed": 7}]
-        assert results["samples"] == {"n": 5, "k": 2, "temperature": 1.0}
 
 
 def test_plot_without_metrics(tmp_path: Path) -> None:
@@ -104,20 +70,20 @@ def test_plot_without_metrics(tmp_path: Path) -> None:
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
-def test_validation_data_is_verified_and_checked(tmp_path: Path, scoring: list[dict[str, Any]]) -> None:
+def test_validation_data_is_verified_and_checked(tmp_path: Path, launch: LaunchDocument) -> None:
     loose = tmp_path / "loose.jsonl"
     loose.write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    with pytest.raises(StagingError, match=r"no manifest\.json at or above"):
-        run_eval(tmp_path, [loose], None, tmp_path / "eval", seed=0)
+    with pytest.raises(ManifestError, match=r"no manifest\.json at or above"):
+        run_eval(tmp_path, [loose], launch, tmp_path / "eval")
 
     path = _validation(tmp_path / "data")
     path.write_text('{"prompt": "1+1="}\n')
     with pytest.raises(ManifestMismatchError, match=r"validation/0\.jsonl: size"):
-        run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
+        run_eval(tmp_path, [path], launch, tmp_path / "eval")
     write_manifest(tmp_path / "data")  # staged like that: the row itself is refused
-    with pytest.raises(StagingError, match=r"0\.jsonl:1: missing column\(s\) \['answer'\]"):
-        run_eval(tmp_path, [path], None, tmp_path / "eval", seed=0)
+    with pytest.raises(RowError, match=r"0\.jsonl:1: missing column\(s\) \['answer'\]"):
+        run_eval(tmp_path, [path], launch, tmp_path / "eval")
     with pytest.raises(EvalError, match="k >= 2"):
-        run_eval(tmp_path, [path], None, tmp_path / "eval", k=1, seed=0)
+        run_eval(tmp_path, [path], launch, tmp_path / "eval", k=1)
     with pytest.raises(EvalError, match="no validation rows"):
-        run_eval(tmp_path, [], None, tmp_path / "eval", seed=0)
+        run_eval(tmp_path, [], launch, tmp_path / "eval")

@@ -6,18 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
+from rlbuild.launch import Input, Inputs, LaunchDocument, load_launch
+from rlbuild.manifest import ManifestError, ManifestMismatchError, materialise, materialise_inputs
 from rlbuild.sources import parse_source
-from rlbuild.staging import (
-    ManifestMismatchError,
-    StagingError,
-    filesystem,
-    materialise,
-    materialise_inputs,
-    stage_data,
-    stage_model,
-)
+from rlbuild.staging import stage_data, stage_model
+from rlbuild.storage import filesystem
+from tests.launches import write_test_launch
 from tests.staging.conftest import write_model_folder
 
 
@@ -36,14 +31,19 @@ def staged(tmp_path: Path) -> Path:
     return root
 
 
-def _launch(base: str) -> dict:
-    return {
-        "inputs": {
-            "model": {"uri": f"{base}/stage/model/v1", "identity": "x", "tokenizer_uri": f"{base}/stage/model/v1"},
-            "train_data": [{"uri": f"{base}/stage/data/v1/train/0.jsonl", "identity": "y", "kind": "jsonl"}],
-            "validation_data": [{"uri": f"{base}/stage/data/v1/validation/0.jsonl", "identity": "y", "kind": "jsonl"}],
-        }
-    }
+@pytest.fixture(scope="module")
+def any_launch(tmp_path_factory: pytest.TempPathFactory) -> LaunchDocument:
+    return load_launch(str(write_test_launch(tmp_path_factory.mktemp("launch"))))
+
+
+def _launch(template: LaunchDocument, base: str) -> LaunchDocument:
+    """A launch document whose inputs point into the staged folders under `base`."""
+    inputs = Inputs(
+        model=Input(uri=f"{base}/stage/model/v1", identity="x"),
+        train_data=[Input(uri=f"{base}/stage/data/v1/train/0.jsonl", identity="y")],
+        validation_data=[Input(uri=f"{base}/stage/data/v1/validation/0.jsonl", identity="y")],
+    )
+    return template.model_copy(update={"inputs": inputs})
 
 
 def test_materialise_local_and_reuse(staged: Path, tmp_path: Path) -> None:
@@ -70,22 +70,18 @@ def test_concurrent_materialise_shares_one_verified_copy(staged: Path, tmp_path:
 
 def test_materialise_needs_a_staged_directory(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
-    with pytest.raises(StagingError, match=r"no manifest\.json at or above"):
+    with pytest.raises(ManifestError, match=r"no manifest\.json at or above"):
         materialise(str(tmp_path / "plain"), tmp_path / "cache")
-    with pytest.raises(StagingError, match="relative"):
+    with pytest.raises(ManifestError, match="relative"):
         materialise("results/tiny/stage/model/v1", tmp_path / "cache")
 
 
-def test_materialise_inputs_from_launch_file(staged: Path, tmp_path: Path) -> None:
-    launch = tmp_path / "launch.yaml"
-    launch.write_text(yaml.safe_dump(_launch(str(staged))))
-    paths = materialise_inputs(launch, tmp_path / "cache")
+def test_materialise_inputs_of_a_launch_document(staged: Path, tmp_path: Path, any_launch: LaunchDocument) -> None:
+    paths = materialise_inputs(_launch(any_launch, str(staged)), tmp_path / "cache")
     assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"
-    assert paths["tokenizer"] == paths["model"]
+    assert (paths["model"] / "tokenizer.json").is_file()  # the staged model folder carries its tokenizer
     assert [p.name for p in paths["train_data"]] == ["0.jsonl"]
     assert paths["validation_data"][0].parent.name == "validation"
-    with pytest.raises(StagingError, match="inputs field 'model'"):
-        materialise_inputs({"inputs": {}}, tmp_path / "cache")
 
 
 def _upload(staged: Path, bucket: str) -> str:
@@ -96,9 +92,11 @@ def _upload(staged: Path, bucket: str) -> str:
     return base
 
 
-def test_materialise_from_s3_then_tamper(staged: Path, tmp_path: Path, s3_env: str) -> None:
+def test_materialise_from_s3_then_tamper(
+    staged: Path, tmp_path: Path, s3_env: str, any_launch: LaunchDocument
+) -> None:
     base = _upload(staged, s3_env)
-    paths = materialise_inputs(_launch(base), tmp_path / "cache")
+    paths = materialise_inputs(_launch(any_launch, base), tmp_path / "cache")
     assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"
     assert paths["model"] == tmp_path / f"cache/s3/{s3_env.removeprefix('s3://')}/exp/tiny/stage/model/v1"
     assert paths["train_data"][0].read_bytes() == (staged / "stage/data/v1/train/0.jsonl").read_bytes()

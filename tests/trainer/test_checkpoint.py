@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer import loop, storage
+from rlbuild import storage
+from rlbuild.launch import LaunchDocument, load_launch
+from tests.launches import write_test_launch
+from trainer import loop
 from trainer.checkpoint import CheckpointError, CheckpointManager
-from trainer.config import Launch
+from trainer.errors import TrainerError
 
 
 def _write_policy(uri: str) -> None:
@@ -28,7 +31,7 @@ def _exercise(root: str) -> None:
     for step in (2, 4, 6):
         manager.save(step, data_cursor=step * 16, extra={"seed": 0}, write_policy=_write_policy)
     assert manager.latest_step() == 6
-    names = sorted(n for n in storage.list_dirs(root) if n.startswith("global_step_"))
+    names = sorted(n for n in storage.list_names(root) if n.startswith("global_step_"))
     assert names == ["global_step_4", "global_step_6"]
     resume = manager.resolve("latest", None)
     assert (resume.step, resume.data_cursor, resume.uri) == (6, 96, manager.step_uri(6))
@@ -62,36 +65,30 @@ def test_resume_errors(tmp_path: Path) -> None:
         manager.latest_step()
 
 
-def _launch(tmp_path: Path, version: str) -> Launch:
-    root = str(tmp_path / "ckpt")
-    return Launch.from_document(
-        {
-            "run": {"id": "x", "version": version},
-            "runtime": {"source_digest": "d"},
-            "ray": {},
-            "artifacts": {"checkpoint_root": root, "resume_checkpoint_count": 1},
-            "inputs": {},
-            "trainer": {"trainer": {"max_steps": 4}},
-        }
-    )
+def _launch(tmp_path: Path, version: str) -> LaunchDocument:
+    path = write_test_launch(tmp_path / version, version=version, recipe={"trainer": {"max_steps": 4}})
+    return load_launch(str(path))
 
 
 def test_immutable_version_refuses_a_forced_retrain(tmp_path: Path) -> None:
     launch = _launch(tmp_path, "2026.09.21")
-    manager = CheckpointManager(launch.checkpoint_root, keep=1, runtime_digest="d")
+    manager = CheckpointManager(launch.artifacts.checkpoint_root, keep=1, runtime_digest="d")
     terminal = str(tmp_path / "terminal.json")
-    loop.check_can_start(launch, terminal, False, manager)  # nothing trained yet
+    assert loop.start_point(launch, terminal, manager, False) is None  # nothing trained yet
     manager.save(4, 64, {}, _write_policy)
-    with pytest.raises(loop.TrainError, match="--allow-retrain"):
-        loop.check_can_start(launch, terminal, False, manager)
-    loop.check_can_start(launch, terminal, True, manager)
-    loop.check_can_start(_launch(tmp_path, "dev"), terminal, False, manager)  # dev is mutable
+    with pytest.raises(TrainerError, match="--allow-retrain"):
+        loop.start_point(launch, terminal, manager, False)
+    assert loop.start_point(launch, terminal, manager, True) is None
+    dev = _launch(tmp_path, "dev")
+    dev_manager = CheckpointManager(dev.artifacts.checkpoint_root, keep=1, runtime_digest="d")
+    dev_manager.save(4, 64, {}, _write_policy)
+    assert loop.start_point(dev, terminal, dev_manager, False).step == 4  # dev is mutable
 
 
 def test_existing_terminal_manifest_is_never_overwritten(tmp_path: Path) -> None:
     launch = _launch(tmp_path, "dev")
     terminal = tmp_path / "terminal.json"
     terminal.write_text("{}")
-    manager = CheckpointManager(launch.checkpoint_root, keep=1, runtime_digest="d")
-    with pytest.raises(loop.TrainError, match="already exists"):
-        loop.check_can_start(launch, str(terminal), True, manager)
+    manager = CheckpointManager(launch.artifacts.checkpoint_root, keep=1, runtime_digest="d")
+    with pytest.raises(TrainerError, match="already exists"):
+        loop.start_point(launch, str(terminal), manager, True)

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import grpo, loop, tasks
+from rlbuild.rows import read_rows
+from trainer import batch as layout
+from trainer import data, grpo, tasks
 from trainer.engines import Rollout
 
 
@@ -61,14 +63,14 @@ def test_make_data_cli_round_trips(tmp_path: Path) -> None:
         ],
         check=True,
     )
-    assert tasks.read_jsonl(out) == tasks.generate("addition", "train", "seed-0")
+    assert list(read_rows(out)) == tasks.generate("addition", "train", "seed-0")
     assert json.loads(out.read_text().splitlines()[0]).keys() == {"prompt", "answer"}
 
 
 def test_every_group_holds_exactly_one_prompt() -> None:
     rows = tasks.generate("addition", "train", "seed-0")
     for cursor in (0, 16, 92):  # 92 crosses the epoch boundary of 100 rows
-        batch = loop.group(loop.batch_rows(rows, cursor, 16, seed=3), group_size=8)
+        batch = data.group(data.draw(rows, cursor, 16, seed=3), group_size=8)
         groups = [batch[i : i + 8] for i in range(0, len(batch), 8)]
         assert len(groups) == 16
         assert all(len({r["prompt"] for r in g}) == 1 for g in groups)
@@ -78,11 +80,11 @@ def test_every_group_holds_exactly_one_prompt() -> None:
 
 def test_data_order_visits_every_row_once_per_epoch_and_depends_on_seed() -> None:
     rows = tasks.generate("addition", "train", "seed-0")
-    epoch = loop.batch_rows(rows, 0, len(rows), seed=0)
+    epoch = data.draw(rows, 0, len(rows), seed=0)
     assert sorted(r["prompt"] for r in epoch) == sorted(r["prompt"] for r in rows)
-    assert loop.batch_rows(rows, 100, 100, seed=0) != epoch
-    assert loop.batch_rows(rows, 0, 100, seed=1) != epoch
-    assert loop.batch_rows(rows, 5, 3, seed=0) == epoch[5:8]
+    assert data.draw(rows, 100, 100, seed=0) != epoch
+    assert data.draw(rows, 0, 100, seed=1) != epoch
+    assert data.draw(rows, 5, 3, seed=0) == epoch[5:8]
 
 
 def _batch() -> dict[str, torch.Tensor]:
@@ -93,7 +95,7 @@ def _batch() -> dict[str, torch.Tensor]:
         Rollout([8, 8, 2], [-0.4, -0.5, -0.6], True),
         Rollout([2], [-0.7], True),
     ]
-    return loop.build_batch(prompts, rollouts, pad_id=0)
+    return layout.build_batch(prompts, rollouts, pad_id=0)
 
 
 def test_build_batch_layout() -> None:
@@ -108,18 +110,18 @@ def test_build_batch_layout() -> None:
 @pytest.mark.parametrize("reduction", grpo.REDUCTIONS)
 def test_sharded_weighted_sums_equal_the_whole_mini_batch(reduction: str) -> None:
     batch = _batch()
-    loop.add_loss_weights(batch, mini_rows=4, reduction=reduction)
+    layout.add_loss_weights(batch, mini_rows=4, reduction=reduction)
     loss = torch.arange(12, dtype=torch.float).view(4, 3)
     batch["loss"] = loss
     whole = float((loss * grpo.reduction_weights(batch["completion_mask"], reduction)).sum())
-    shards = loop.shard(batch, mini_rows=4, world=2)
+    shards = layout.shard(batch, mini_rows=4, world=2)
     assert [s["loss"].shape[0] for s in shards] == [2, 2]
     assert sum(float((s["loss"] * s["loss_weights"]).sum()) for s in shards) == pytest.approx(whole)
 
 
 def test_shards_take_a_slice_of_every_mini_batch() -> None:
     batch = {"input_ids": torch.arange(8)[:, None]}
-    shards = loop.shard(batch, mini_rows=4, world=2)
+    shards = layout.shard(batch, mini_rows=4, world=2)
     assert [s["input_ids"].flatten().tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
 
 
@@ -128,9 +130,9 @@ def test_zero_variance_groups_are_dropped_and_padding_weighs_nothing() -> None:
     # Groups of 2; mini-batches of 4 rows. Mini 0: groups [1, 0] (kept) and [1, 1] (dropped);
     # mini 1: groups [0, 0] and [0, 0] (both dropped).
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    out, rows_per_mini = loop.drop_zero_variance_groups(batch, rewards, group_size=2, mini_rows=4, world=2)
+    out, rows_per_mini = layout.drop_zero_variance_groups(batch, rewards, group_size=2, mini_rows=4, world=2)
     assert rows_per_mini == 2
     assert out["input_ids"].flatten().tolist() == [0, 1, 4, 4]
     assert out["completion_mask"].sum(dim=1).tolist() == [2, 2, 0, 0]
-    loop.add_loss_weights(out, rows_per_mini, "seq_mean_token_mean")
+    layout.add_loss_weights(out, rows_per_mini, "seq_mean_token_mean")
     assert out["loss_weights"].flatten().tolist() == pytest.approx([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0])

@@ -10,10 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-from trainer import engines, loop, tasks, weight_sync
+from tests.launches import base_model_dir
+from trainer import engines, tasks, weight_sync
+from trainer.batch import build_batch
 from trainer.engines import SamplingParams, TorchEngine
+from trainer.errors import TrainerError
 from trainer.policy import forward_logprobs, free_port
-from trainer.testing import base_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def test_rollout_logprobs_match_the_trainer_recomputation(model_dir: Path, tempe
     engine = TorchEngine(model_dir)
     prompts = [*_prompts(model_dir), [1, 20, 19, 30, 25, 74]]  # a longer prompt forces left padding
     rollouts = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=temperature), seed=0)
-    batch = loop.build_batch(prompts, rollouts, engine.pad_id)
+    batch = build_batch(prompts, rollouts, engine.pad_id)
     with torch.no_grad():
         recomputed, _ = forward_logprobs(engine.model, batch, temperature, False)
     mask = batch["completion_mask"]
@@ -116,7 +118,7 @@ def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path) -
 
 
 def test_an_unknown_weight_sync_backend_is_named() -> None:
-    with pytest.raises(ValueError, match="weight_sync_backend='mpi' is not supported"):
+    with pytest.raises(TrainerError, match="weight_sync_backend='mpi' is not supported"):
         weight_sync.open_group("mpi", "127.0.0.1", free_port(), 0, 1)
 
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 import wandb
 
-from trainer.metrics import MetricsWriter
+from trainer.errors import TrainerError
+from trainer.metrics import MetricsWriter, open_wandb
 
 STEPS = {step: {"reward_mean": step / 4, "kl": step / 100} for step in (1, 2, 3)}
 
@@ -31,10 +32,11 @@ def offline_wandb(tmp_path, monkeypatch):
 
 def test_wandb_offline_run_lands_under_wandb_dir_with_the_logged_history(offline_wandb):
     metrics_file = offline_wandb / "metrics.jsonl"
-    writer = MetricsWriter(str(metrics_file), -1, "wandb", "rlbuild-test", "tiny-wandb-v1", {"trainer": {"lr": 3e-4}})
+    run = open_wandb("rlbuild-test", "tiny-wandb-v1", {"trainer": {"lr": 3e-4}})
+    writer = MetricsWriter(str(metrics_file), -1, len(STEPS), run)
     try:
         for step, values in STEPS.items():
-            writer.log(step, values, max_steps=len(STEPS))
+            writer.log(step, values)
     finally:
         writer.close()
 
@@ -64,5 +66,5 @@ def test_unwritable_wandb_dir_fails_with_one_line_naming_it(tmp_path, monkeypatc
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("WANDB_DIR", str(blocker))
-    with pytest.raises(RuntimeError, match=r"^WANDB_DIR=\S+ is not a writable directory; point WANDB_DIR at one"):
-        MetricsWriter(str(tmp_path / "metrics.jsonl"), -1, "wandb", "rlbuild-test", "tiny-wandb-v1", {})
+    with pytest.raises(TrainerError, match=r"^WANDB_DIR=\S+ is not a writable directory; point WANDB_DIR at one"):
+        open_wandb("rlbuild-test", "tiny-wandb-v1", {})

@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer import loop, tasks
+from tests.launches import base_model_dir
+from trainer import tasks
+from trainer.batch import build_batch
 from trainer.engines import SamplingParams, TorchEngine
 from trainer.policy import _take, forward_logprobs
-from trainer.testing import base_model_dir
 
 GROUP = 4
 
@@ -28,7 +29,7 @@ def batch(model_dir: Path) -> dict[str, torch.Tensor]:
     rows = [*tasks.generate("addition", "validation", "seed-0")[:2], {"prompt": "12+34=", "answer": "46"}]
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in rows for _ in range(GROUP)]
     rollouts = TorchEngine(model_dir).generate(prompts, SamplingParams(max_tokens=4, temperature=1.0), seed=0)
-    return loop.build_batch(prompts, rollouts, tokenizer.pad_token_id)
+    return build_batch(prompts, rollouts, tokenizer.pad_token_id)
 
 
 def _logprobs_and_grads(

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.testing import write_test_launch
+from tests.launches import write_test_launch
 
 METRIC_KEYS = {
     "reward_mean",
@@ -49,8 +49,8 @@ def _metrics(doc: dict) -> list[dict]:
 def test_train_then_export_then_eval(tmp_path: Path) -> None:
     launch = write_test_launch(
         tmp_path,
-        trainer={"trainer": {"max_steps": 3, "ckpt_interval": 2, "eval_before_train": True}},
-        artifacts={"resume_checkpoint_count": 1},
+        recipe={"trainer": {"max_steps": 3, "ckpt_interval": 2, "eval_before_train": True}},
+        retention={"resume_checkpoint_count": 1},
     )
     doc = _doc(launch)
     result = trainer("run", "--launch", str(launch))
@@ -93,7 +93,7 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Path) -> None:
-    launch = write_test_launch(tmp_path, trainer={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
+    launch = write_test_launch(tmp_path, recipe={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
     doc = _doc(launch)
     latest = Path(doc["artifacts"]["checkpoint_root"]) / "latest"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -129,15 +129,18 @@ def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Pa
 @pytest.mark.timeout(500)
 def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
     # Two optimizer steps per global step (mini 2 of train 4 prompts): the old-logprob pass runs separately.
-    recipe = {
-        "trainer": {
-            "max_steps": 2,
+    # Two nodes of two "GPUs": the policy takes one node, two single-rank engines the other.
+    launch = write_test_launch(
+        tmp_path,
+        topology={"num_nodes": 2, "gpus_per_node": 2},
+        role_plan={
+            "colocate_all": False,
+            "policy_num_gpus_per_node": 2,
+            "num_inference_engines": 2,
             "policy_mini_batch_size": 2,
             "micro_train_batch_size_per_gpu": 8,
-            "placement": {"colocate_all": False, "policy_num_gpus_per_node": 2, "ref_num_gpus_per_node": 2},
         },
-    }
-    launch = write_test_launch(tmp_path, trainer=recipe)
+    )
     result = trainer("run", "--launch", str(launch), timeout=450)
     assert result.returncode == 0, result.stderr[-3000:]
     doc = _doc(launch)
@@ -148,18 +151,18 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_a_reference_on_its_own_workers_trains_exactly_like_a_colocated_one(tmp_path: Path) -> None:
     """Same seed, same steps: only where the reference model runs differs, so every training metric matches."""
+    from rlbuild.launch import load_launch
     from trainer import loop
-    from trainer.config import Launch, reference_ranks
 
     runs = {}
-    for name, own_nodes in (("colocated", False), ("separate", True)):
-        placement = {"colocate_all": False, "colocate_policy_ref": not own_nodes}
-        launch = Launch.load(
-            write_test_launch(tmp_path / name, trainer={"trainer": {"max_steps": 2, "placement": placement}})
-        )
-        assert reference_ranks(launch.recipe) == (1 if own_nodes else 0)
+    for name, ref_nodes in (("colocated", 0), ("separate", 1)):
+        # Separate roles on single-"GPU" nodes: policy, (reference,) engine.
+        role_plan = {"colocate_all": False, "ref_num_nodes": ref_nodes}
+        path = write_test_launch(tmp_path / name, topology={"num_nodes": 2 + ref_nodes}, role_plan=role_plan)
+        launch = load_launch(str(path))
+        assert launch.recipe.reference_workers == ref_nodes
         loop.run(launch)
-        runs[name] = _metrics(launch.document)
+        runs[name] = _metrics(yaml.safe_load(path.read_text()))
     for colocated, separate in zip(runs["colocated"], runs["separate"], strict=True):
         assert colocated["kl"] > 0, "the KL term must be live for the comparison to mean anything"
         for key in ("reward_mean", "kl", "pg_loss", "grad_norm", "entropy"):

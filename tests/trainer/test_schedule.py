@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from trainer.config import LaunchError, check_recipe
+from rlbuild.recipe import Recipe
 from trainer.policy import LearningRateSchedule
 
 
@@ -26,9 +27,10 @@ def test_cosine_with_warmup_by_hand() -> None:
 
 def test_unknown_schedule_and_bad_floor_are_named() -> None:
     recipe = {"trainer": {"policy": {"optimizer_config": {"scheduler": "linear", "min_lr_ratio": 2}}}}
-    with pytest.raises(LaunchError) as error:
-        check_recipe(recipe)
-    assert "scheduler='linear' is not a schedule; use one of constant_with_warmup, cosine_with_warmup" in str(
-        error.value
-    )
-    assert "min_lr_ratio=2 must be in [0, 1]" in str(error.value)
+    with pytest.raises(ValidationError) as error:
+        Recipe.model_validate(recipe)
+    problems = {".".join(map(str, e["loc"])): e["msg"] for e in error.value.errors()}
+    assert problems == {
+        "trainer.policy.optimizer_config.scheduler": "Input should be 'constant_with_warmup' or 'cosine_with_warmup'",
+        "trainer.policy.optimizer_config.min_lr_ratio": "Input should be less than or equal to 1",
+    }

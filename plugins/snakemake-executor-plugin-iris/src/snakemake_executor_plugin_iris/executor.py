@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,8 @@ from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
+from rlbuild.jobenv import RAY_PORT_NAMES
+from rlbuild.redact import redact_text
 from snakemake_executor_plugin_iris.errors import IrisSettingError, IrisSubmitError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (
@@ -35,25 +37,7 @@ if TYPE_CHECKING:
 # The Iris client (and rigging) are imported where they are used, not here: Snakemake imports every installed
 # executor plugin on each start, and `iris.client` alone costs about a second of every dry run.
 
-RAY_PORTS = [
-    "ray_gcs",
-    "ray_node_manager",
-    "ray_object_manager",
-    "ray_metrics",
-    "ray_agent_listen",
-    "ray_agent_grpc",
-    "ray_runtime_env",
-    "ray_client",
-]  # the names rlbuild.gang reads from IRIS_PORT_<NAME>
 LOG_LAG_S = 2.0  # Iris's logs trail a job's terminal state by 1-2 s
-SECRET_NAME = re.compile(r"(secret|token|password|api[_-]?key|access[_-]?key|credential)", re.IGNORECASE)
-
-
-def redact(text: str, environ: Mapping[str, str]) -> str:
-    for name, value in environ.items():
-        if SECRET_NAME.search(name) and len(value) >= 8:
-            text = text.replace(value, "<redacted>")
-    return text
 
 
 def controller_url(settings: ExecutorSettings) -> str:
@@ -143,7 +127,7 @@ class Executor(RemoteExecutor):
         submission = Submission(
             command=shell(os.getcwd(), command),
             env=task_env(os.environ, self.envvars(), self.extra_env),
-            ports=RAY_PORTS if place.is_gang else [],
+            ports=list(RAY_PORT_NAMES) if place.is_gang else [],
             scheduling_timeout_s=self.settings.scheduling_timeout,
             cpu_pool=self.settings.cpu_pool,
         )
@@ -208,7 +192,7 @@ class Executor(RemoteExecutor):
                     )
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 path = self.log_dir / f"{info.aux['name']}.log"
-                summary, logs = redact(summary, os.environ), redact(logs, os.environ)
+                summary, logs = redact_text(summary), redact_text(logs)
                 path.write_text(f"{summary}\n{logs}\n")
                 self.report_job_error(info, msg=f"{summary}\n{logs}", aux_logs=[str(path)])
         if self.settings.status_interval is not None:

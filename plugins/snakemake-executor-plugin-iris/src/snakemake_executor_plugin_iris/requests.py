@@ -7,27 +7,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rlbuild.jobenv import forwarded, refused_names
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 
 PRIORITIES = ("production", "interactive", "batch")
-# Forwarded from the submitter when set (Iris tasks do not inherit its environment).
-ENV_ALLOW = (
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-    "HF_ENDPOINT",
-    "HF_HUB_OFFLINE",
-    "WANDB_API_KEY",
-    "WANDB_ENTITY",
-    "WANDB_PROJECT",
-    "WANDB_BASE_URL",
-    "WANDB_MODE",
-    "DAYTONA_API_KEY",
-    "DAYTONA_API_URL",
-    "DAYTONA_TARGET",
-)
-ENV_ALLOW_PREFIXES = ("RLBUILD_", "SNAKEMAKE_STORAGE_S3_")
-# The cluster injects its own storage credentials; forwarding these would clobber them.
-ENV_DENY = re.compile(r"^(AWS_|R2_)")
 _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*([KMGTP]i?B?)?\s*$", re.IGNORECASE)
 
 
@@ -125,15 +108,11 @@ def placement(resources: Mapping[str, object], threads: int, defaults: Defaults)
 def task_env(environ: Mapping[str, str], declared: Mapping[str, str], extra: list[str]) -> dict[str, str]:
     """The environment handed to Iris: Snakemake's declared variables (storage settings, --envvars), the allow-list
     and `extra` names, when set. AWS_* / R2_* are refused: the cluster injects its own storage credentials."""
-    for name in [*declared, *extra]:
-        if ENV_DENY.match(name):
-            raise IrisSettingError(
-                "environment variable", name, "do not forward AWS_*/R2_*; the cluster injects storage credentials"
-            )
-    env = {k: v for k, v in environ.items() if k.startswith(ENV_ALLOW_PREFIXES)}
-    env |= {k: environ[k] for k in [*ENV_ALLOW, *extra] if environ.get(k)}
-    env |= {k: v for k, v in declared.items() if v}
-    return env
+    for name in refused_names([*declared, *extra]):
+        raise IrisSettingError(
+            "environment variable", name, "do not forward AWS_*/R2_*; the cluster injects storage credentials"
+        )
+    return forwarded(environ, extra) | {k: v for k, v in declared.items() if v}
 
 
 def shell(cwd: str, command: str) -> list[str]:

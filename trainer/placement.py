@@ -1,16 +1,15 @@
-"""Ray: connect to the gang's cluster (or start a local one) and place the roles from the role plan.
+"""Ray: connect to the gang's cluster (or start a local one) and place the roles the role plan describes.
 
 Placement follows SkyRL: one placement-group bundle per policy rank ("GPU" slice). With `colocate_all` the
 policy ranks, their reference models (which live inside the policy workers) and the inference engines share
 those bundles, each taking half of a slice; otherwise the engines get bundles of their own, and so does the
-reference when the role plan gives it nodes (`reference_ranks`). On a machine without GPUs a bundle is one
+reference when the role plan gives it nodes (`Recipe.reference_workers`). On a machine without GPUs a bundle is one
 CPU, so the role-plan arithmetic is exercised exactly as on a cluster.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,20 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from trainer import storage
-from trainer.config import reference_ranks
+from rlbuild.manifest import materialise
+from rlbuild.recipe import Recipe
 from trainer.engines import make_engine
+from trainer.errors import TrainerError
 from trainer.policy import PolicyWorker
 from trainer.reference import ReferenceWorker
+from trainer.roles import Roles, rendezvous
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACEMENT_TIMEOUT_S = 180
 COLOCATED_SHARE = 0.5
 
 
-class PlacementError(RuntimeError):
+class PlacementError(TrainerError):
     """The cluster cannot hold the role plan."""
 
 
@@ -62,11 +63,9 @@ def connect(address: str | None, num_bundles: int) -> bool:
 class EngineActor:
     """An inference engine in its own Ray actor (the engine objects are plain classes; see trainer/engines.py)."""
 
-    def __init__(
-        self, backend: str, model_uri: str, cache_dir: str, generator: dict[str, Any], seed: int, num_threads: int
-    ) -> None:
-        model_dir = storage.materialise(model_uri, Path(cache_dir))
-        self.engine = make_engine(backend, model_dir, generator, seed, num_threads)
+    def __init__(self, backend: str, model_uri: str, cache_dir: str, recipe: Recipe) -> None:
+        model_dir = materialise(model_uri, Path(cache_dir))
+        self.engine = make_engine(backend, model_dir, recipe.generator, recipe.trainer.seed, recipe.trainer.num_threads)
 
     def generate(self, prompts: list[list[int]], params: Any, seed: int) -> list[Any]:
         return self.engine.generate(prompts, params, seed)
@@ -87,47 +86,25 @@ class EngineActor:
         return self.engine.sequence_logprobs(token_ids, start)
 
 
-@dataclass
-class Roles:
-    policy: list[Any]
-    engines: list[Any]
-    reference: list[Any]
-    group: PlacementGroup
-
-    def shutdown(self) -> None:
-        for actor in [*self.policy, *self.engines, *self.reference]:
-            ray.kill(actor)
-        remove_placement_group(self.group)
-
-
-def _shape(recipe: dict[str, Any]) -> tuple[int, int, int, bool]:
+def _shape(recipe: Recipe) -> tuple[int, int, int, bool]:
     """(policy ranks, engines, bundles per engine, colocated) from the role-plan keys of the recipe."""
-    trainer, generator = recipe["trainer"], recipe["generator"]
-    placement = trainer["placement"]
-    world = int(placement["policy_num_nodes"]) * int(placement["policy_num_gpus_per_node"])
+    g = recipe.generator
     engine_slots = (
-        int(generator["inference_engine_tensor_parallel_size"])
-        * int(generator["inference_engine_pipeline_parallel_size"])
-        * int(generator["inference_engine_data_parallel_size"])
+        g.inference_engine_tensor_parallel_size
+        * g.inference_engine_pipeline_parallel_size
+        * g.inference_engine_data_parallel_size
     )
-    return world, int(generator["num_inference_engines"]), engine_slots, bool(placement["colocate_all"])
+    placement = recipe.trainer.placement
+    return placement.policy_world_size, g.num_inference_engines, engine_slots, placement.colocate_all
 
 
-def bundles_needed(recipe: dict[str, Any]) -> int:
+def bundles_needed(recipe: Recipe) -> int:
     world, num_engines, engine_slots, colocated = _shape(recipe)
-    return world if colocated else world + reference_ranks(recipe) + num_engines * engine_slots
+    return world if colocated else world + recipe.reference_workers + num_engines * engine_slots
 
 
-def rendezvous(host: Any, nodes: list[str]) -> tuple[str, int]:
-    """Where a process group of actors on `nodes` meets: a free port on `host` (a policy worker)."""
-    master_addr, port = ray.get(host.address.remote())
-    # All members on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
-    return ("127.0.0.1" if len(set(nodes)) == 1 else master_addr), port
-
-
-def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend: str) -> Roles:
-    trainer, generator = recipe["trainer"], recipe["generator"]
-    placement = trainer["placement"]
+def _reserve(recipe: Recipe) -> tuple[PlacementGroup, dict[str, float]]:
+    """One bundle per policy rank (plus, for separate roles, the reference's and the engines'), all ready."""
     world, num_engines, engine_slots, colocated = _shape(recipe)
     if colocated and num_engines * engine_slots != world:
         raise PlacementError(
@@ -137,7 +114,7 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
     gpu = ray.cluster_resources().get("GPU", 0) > 0
     bundle = {"GPU": 1, "CPU": 1} if gpu else {"CPU": 1}
     bundles = bundles_needed(recipe)
-    strategy = "STRICT_PACK" if int(placement["policy_num_nodes"]) == 1 and colocated else "PACK"
+    strategy = "STRICT_PACK" if recipe.trainer.placement.policy_num_nodes == 1 and colocated else "PACK"
     group = placement_group([dict(bundle) for _ in range(bundles)], strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
@@ -146,30 +123,45 @@ def place_roles(recipe: dict[str, Any], model_uri: str, cache_dir: str, backend:
             f"placement group of {bundles} x {bundle} was not ready within {PLACEMENT_TIMEOUT_S}s; the cluster has "
             f"{ray.cluster_resources()}. Fix the role plan or the allocation."
         )
+    return group, bundle
+
+
+def start_roles(recipe: Recipe, address: str | None, model_uri: str, cache_dir: str, backend: str) -> Roles:
+    """Connect to Ray (or start a private one), then start the roles and open the weight-sync group."""
+    started = connect(address, bundles_needed(recipe))
+    roles = place_roles(recipe, model_uri, cache_dir, backend)
+    roles.started_ray = started
+    roles.open_weight_sync(recipe.generator.weight_sync_backend)
+    return roles
+
+
+def place_roles(recipe: Recipe, model_uri: str, cache_dir: str, backend: str) -> Roles:
+    """Start the policy ranks (joined into one process group), the reference workers and the engines."""
+    world, num_engines, engine_slots, colocated = _shape(recipe)
+    group, bundle = _reserve(recipe)
     share = COLOCATED_SHARE if colocated else 1.0
-    threads = int(trainer["num_threads"])
+    threads = recipe.trainer.num_threads
 
     def options(index: int, fraction: float) -> dict[str, Any]:
-        resources = {"num_gpus": fraction, "num_cpus": 0} if gpu else {"num_cpus": fraction}
+        resources = {"num_gpus": fraction, "num_cpus": 0} if "GPU" in bundle else {"num_cpus": fraction}
         strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
         return {**resources, "scheduling_strategy": strategy}
 
-    policy_cls = ray.remote(PolicyWorker)
     policy = [
-        policy_cls.options(**options(rank, share)).remote(rank, world, recipe, model_uri, cache_dir, threads)
+        ray.remote(PolicyWorker)
+        .options(**options(rank, share))
+        .remote(rank, world, recipe, model_uri, cache_dir, threads)
         for rank in range(world)
     ]
-    reference_cls = ray.remote(ReferenceWorker)
     reference = [
-        reference_cls.options(**options(world + i, 1.0)).remote(recipe, model_uri, cache_dir, threads)
-        for i in range(reference_ranks(recipe))
+        ray.remote(ReferenceWorker).options(**options(world + i, 1.0)).remote(recipe, model_uri, cache_dir, threads)
+        for i in range(recipe.reference_workers)
     ]
-    engine_cls = ray.remote(EngineActor)
     first_engine_bundle = 0 if colocated else world + len(reference)
     engines = [
-        engine_cls.options(**options(first_engine_bundle + i * engine_slots, share)).remote(
-            backend, model_uri, cache_dir, generator, int(trainer["seed"]), threads
-        )
+        ray.remote(EngineActor)
+        .options(**options(first_engine_bundle + i * engine_slots, share))
+        .remote(backend, model_uri, cache_dir, recipe)
         for i in range(num_engines)
     ]
     master_addr, port = rendezvous(policy[0], ray.get([w.node.remote() for w in policy]))

@@ -1,0 +1,60 @@
+"""terminal.json: the run's completion record, written once and last.
+
+`{global_step, checkpoint_path, hf_path, export_path, runtime_source_digest, inputs, metrics}`: `hf_path` is the
+terminal checkpoint's `policy/` folder (a complete Hugging Face model), which the export rule publishes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlbuild import storage
+from rlbuild.launch import LaunchDocument
+from trainer.checkpoint import CheckpointManager
+from trainer.errors import TrainerError
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The terminal manifest's metrics: held-out accuracy before/after, and the last 10 steps' averages."""
+    steps = [r for r in records if r["step"] > 0 and "reward_mean" in r]
+    tail = steps[-10:]
+    evals = [r for r in records if r.get("eval_accuracy") is not None]
+
+    def mean(key: str, rows: list[dict[str, Any]]) -> float | None:
+        return sum(r[key] for r in rows) / len(rows) if rows else None
+
+    return {
+        "steps_logged": len(steps),
+        "initial_eval_accuracy": evals[0]["eval_accuracy"] if evals and evals[0]["step"] == 0 else None,
+        "final_eval_accuracy": evals[-1]["eval_accuracy"] if evals else None,
+        "final_reward_mean": mean("reward_mean", tail),
+        "final_frac_correct": mean("frac_correct", tail),
+        "final_kl": mean("kl", tail),
+        "mean_step_time_s": mean("step_time_s", steps),
+        "total_step_time_s": sum(r["step_time_s"] for r in steps),
+    }
+
+
+def write_terminal(
+    launch: LaunchDocument, checkpoints: CheckpointManager, records: list[dict[str, Any]], terminal_uri: str
+) -> dict[str, Any]:
+    """Write terminal.json for the run's last checkpoint; refuses to overwrite one."""
+    step = launch.recipe.trainer.max_steps
+    checkpoint = checkpoints.step_uri(step)
+    manifest = {
+        "global_step": step,
+        "checkpoint_path": checkpoint,
+        "hf_path": storage.join(checkpoint, "policy"),
+        "export_path": launch.artifacts.export_root,
+        "runtime_source_digest": checkpoints.runtime_digest,
+        "inputs": {
+            "model": launch.inputs.model.identity,
+            "data": sorted({entry.identity for entry in [*launch.inputs.train_data, *launch.inputs.validation_data]}),
+        },
+        "metrics": summarise(records),
+    }
+    if storage.exists(terminal_uri):
+        raise TrainerError(f"terminal manifest {terminal_uri} appeared during training; refusing to overwrite it")
+    storage.write_text(terminal_uri, json.dumps(manifest, indent=2) + "\n")
+    return manifest
