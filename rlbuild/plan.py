@@ -27,7 +27,9 @@ from rlbuild.launch import (
 from rlbuild.preflight import check_experiment
 from rlbuild.recipe import Recipe
 from rlbuild.roleplan import Geometry, geometry
+from rlbuild.sources import parse_source
 from rlbuild.spec import Experiment, check_version, load_experiment
+from rlbuild.staging import local_content_digest
 from rlbuild.storage import join
 
 BASE_MODEL_SOURCE = "artifact:base_model"
@@ -61,6 +63,17 @@ def temporary_paths(experiment: Experiment, version: str, train_fingerprint: str
     return TemporaryPaths(version, experiment.retention.temporary_storage_ttl_days, train_fingerprint)
 
 
+def local_contents(sources: dict[str, tuple[str, str]]) -> dict[str, dict[str, str]]:
+    """`{"content": {name: digest}}` for the `local:` sources among `sources`: a local revision is only a label,
+    so what the folder holds now is part of the identity (editing a local model folder changes it)."""
+    digests = {
+        name: local_content_digest(parsed)
+        for name, (source, revision) in sources.items()
+        if (parsed := parse_source(source, revision)).scheme == "local"
+    }
+    return {"content": digests} if digests else {}
+
+
 def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: str) -> dict[str, dict[str, Any]]:
     """Every artifact's identity record, in build order; each names the identities it depends on."""
     name = experiment.name
@@ -70,15 +83,27 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
         fields = {"revision": experiment.model.revision, "seed": experiment.seed, "runtime_source_digest": digest}
         records["base_model"] = make_record(experiment=name, kind="base_model", version=version, fields=fields)
         model_deps["base_model"] = records["base_model"]["identity"]
+    model = experiment.model
+    model_content = local_contents(
+        {"model": (model.source, model.revision), "tokenizer": (model.tokenizer.source, model.tokenizer.revision)}
+    )
     records["stage_model"] = make_record(
         experiment=name,
         kind="stage_model",
         version=version,
-        fields={"model": experiment.model.model_dump(), "deps": model_deps},
+        fields={"model": model.model_dump(), "deps": model_deps, **model_content},
         deps=model_deps,
     )
+    data = {
+        f"{split}.{i}": (d.source, d.revision)
+        for split in ("train", "validation")
+        for i, d in enumerate(getattr(experiment.data, split))
+    }
     records["stage_data"] = make_record(
-        experiment=name, kind="stage_data", version=version, fields={"data": experiment.data.model_dump()}
+        experiment=name,
+        kind="stage_data",
+        version=version,
+        fields={"data": experiment.data.model_dump(), **local_contents(data)},
     )
     launch_deps = {k: records[k]["identity"] for k in ("stage_model", "stage_data")}
     launch_fields = {

@@ -92,9 +92,7 @@ def _upload(staged: Path, bucket: str) -> str:
     return base
 
 
-def test_materialise_from_s3_then_tamper(
-    staged: Path, tmp_path: Path, s3_env: str, any_launch: LaunchDocument
-) -> None:
+def test_materialise_from_s3_then_tamper(staged: Path, tmp_path: Path, s3_env: str, any_launch: LaunchDocument) -> None:
     base = _upload(staged, s3_env)
     paths = materialise_inputs(_launch(any_launch, base), tmp_path / "cache")
     assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"

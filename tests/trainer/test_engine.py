@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -86,9 +87,31 @@ def _perturb(model: torch.nn.Module) -> None:
 SEQUENCE = [1, 7, 67, 8, 69, 15, 2]
 
 
-def _engine_behind_a_trained_policy(model_dir: Path) -> tuple[TorchEngine, torch.nn.Module]:
+def _vllm_engine(model_dir: Path) -> engines.VLLMEngine:
+    return engines.VLLMEngine(
+        model_dir,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=1,
+        expert_parallel_size=1,
+        gpu_memory_utilization=0.3,
+        enforce_eager=True,
+        seed=0,
+        max_model_len=64,
+    )
+
+
+NEEDS_VLLM = pytest.mark.skipif(
+    not (engines.vllm_available() and torch.cuda.is_available()),
+    reason="the vLLM engine needs vllm installed and a GPU (neither is on the CPU CI box)",
+)
+# (engine factory, how close its logprobs must come to the policy's after a sync)
+ENGINES = {"torch": (TorchEngine, 1e-5), "vllm": (_vllm_engine, 1e-3)}
+
+
+def _engine_behind_a_trained_policy(model_dir: Path, backend: str = "torch") -> tuple[Any, torch.nn.Module]:
     """An engine on the base weights and a policy whose weights moved on (their logprobs differ)."""
-    engine = TorchEngine(model_dir)
+    engine = ENGINES[backend][0](model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     _perturb(policy)
     assert _sync_and_compare(engine, policy, SEQUENCE) > 1e-3
@@ -101,9 +124,10 @@ def test_weight_sync_makes_engine_logprobs_equal_policy_logprobs(model_dir: Path
     assert _sync_and_compare(engine, policy, SEQUENCE) < 1e-5
 
 
-def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path) -> None:
+@pytest.mark.parametrize("backend", ["torch", pytest.param("vllm", marks=NEEDS_VLLM)])
+def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path, backend: str) -> None:
     """The sync path the trainer runs: policy rank 0 broadcasts, the engine receives into its own weights."""
-    engine, policy = _engine_behind_a_trained_policy(model_dir)
+    engine, policy = _engine_behind_a_trained_policy(model_dir, backend)
     state = policy.state_dict()
     port = free_port()
     sender = threading.Thread(
@@ -114,7 +138,9 @@ def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path) -
     engine.receive_weights(weight_sync.specs_of(state))
     sender.join(timeout=60)
     assert not sender.is_alive()
-    assert _sync_and_compare(engine, policy, SEQUENCE) < 1e-5
+    assert _sync_and_compare(engine, policy, SEQUENCE) < ENGINES[backend][1]
+    rollouts = engine.generate([SEQUENCE[:5]] * 4, SamplingParams(max_tokens=3), seed=0)
+    assert all(math.isfinite(lp) for r in rollouts for lp in r.logprobs)
 
 
 def test_an_unknown_weight_sync_backend_is_named() -> None:
@@ -158,32 +184,3 @@ def test_backend_resolution() -> None:
         assert engines.resolve_backend("auto") == "torch"
         with pytest.raises(engines.EngineError, match="vllm is not installed"):
             engines.resolve_backend("vllm")
-
-
-@pytest.mark.skipif(
-    not (engines.vllm_available() and torch.cuda.is_available()),
-    reason="the vLLM engine needs vllm installed and a GPU (neither is on the CPU CI box)",
-)
-def test_vllm_engine_weight_sync(model_dir: Path) -> None:
-    engine = engines.VLLMEngine(
-        model_dir,
-        tensor_parallel_size=1,
-        pipeline_parallel_size=1,
-        data_parallel_size=1,
-        expert_parallel_size=1,
-        gpu_memory_utilization=0.3,
-        enforce_eager=True,
-        seed=0,
-        max_model_len=64,
-    )
-    policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    _perturb(policy)
-    engine.load_weights(policy.state_dict())
-    sequence = [1, 7, 67, 8, 69, 15, 2]
-    ids = torch.tensor([sequence])
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "completion_mask": ids[:, 3:]}
-    with torch.no_grad():
-        expected = forward_logprobs(policy, batch, 1.0, False)[0][0].tolist()
-    assert engines.max_abs_difference(expected, engine.sequence_logprobs(sequence, 3)) < 1e-3
-    rollouts = engine.generate([sequence[:5]] * 4, SamplingParams(max_tokens=3), seed=0)
-    assert all(math.isfinite(lp) for r in rollouts for lp in r.logprobs)
