@@ -6,30 +6,30 @@ import sys
 from pathlib import Path
 
 from rlbuild.artifacts import BY_KIND as ARTIFACT
-from rlbuild.cli import ALLOW_RETRAIN
 from rlbuild.errors import RlbuildError
-from rlbuild.workflow import Graph, experiment_file, fail
+from rlbuild.jobenv import ALLOW_RETRAIN
+from rlbuild.workflow import Graph, experiment_file, fail, report_where_typed, workflow_config
 
 
 configfile: str(Path(workflow.basedir) / "config" / "config.yaml")
 
 
 REPO = Path(workflow.basedir)
-EXPERIMENT_FILE = experiment_file(REPO, str(config["experiment"]))
-
 try:
-    GRAPH = Graph(experiment_file=EXPERIMENT_FILE, announce=workflow.is_main_process)
-    GRAPH.bind_storage(workflow, REPO / config["storage_root"])
+    CONFIG = workflow_config(config)
+    EXPERIMENT_FILE = experiment_file(REPO, CONFIG.experiment)
+    GRAPH = Graph(EXPERIMENT_FILE, announce=workflow.is_main_process, allow_retrain=CONFIG.allow_retrain)
+    GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)
 except RlbuildError as error:
     fail(error)
 
-EXP = GRAPH.experiment
-if config.get("allow_retrain"):
-    # An environment variable, not a rule param: a param would count as provenance and retrigger training later.
+if CONFIG.allow_retrain:
+    # An environment variable, not a rule param: params are provenance the run's config should not change.
     os.environ[ALLOW_RETRAIN] = "1"
+report_where_typed(workflow)
 # The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too.
-RLBUILD = f"{shlex.quote(sys.executable)} -m rlbuild"
-ARGS = shlex.join(["--experiment", str(EXPERIMENT_FILE), "--storage-root", GRAPH.storage_root])
+RLBUILD = [sys.executable, "-m", "rlbuild"]
+ARGS = ["--experiment", str(EXPERIMENT_FILE), "--storage-root", GRAPH.storage_root]
 
 if not workflow.storage_settings.default_storage_provider:
 
@@ -45,9 +45,13 @@ localrules:
     identity_marker,
 
 
+onstart:
+    GRAPH.guard_retraining(workflow.dag.needrun_jobs())
+
+
 rule all:
     input:
-        expand(ARTIFACT["eval"].path(), version=config["versions"]),
+        expand(ARTIFACT["eval"].path(), version=CONFIG.versions),
     default_target: True
 
 
@@ -55,8 +59,10 @@ rule identity_marker:
     # A new fingerprint of a `dev` artifact is a new, missing input: Make semantics rebuild what changed.
     output:
         ".fingerprints/{kind}/v{version}/{fingerprint}",
+    log:
+        ".fingerprints/{kind}/v{version}/{fingerprint}.log",
     shell:
-        "touch {output}"
+        "touch {output:q} 2> {log:q}"
 
 
 include: "rules/stage.smk"

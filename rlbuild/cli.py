@@ -12,18 +12,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from rlbuild import storage
 from rlbuild.artifacts import RECORD_NAME
 from rlbuild.errors import PreflightError, RlbuildError
 from rlbuild.identity import derived_record
+from rlbuild.jobenv import ALLOW_RETRAIN
 from rlbuild.launch import dump_launch
 from rlbuild.plan import Plan, resolve_file
 from rlbuild.planview import format_plan, plan_dict
 from rlbuild.redact import redact_text
 
 EXIT_INVALID = 2
-ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"  # set by `--config allow_retrain=true`; forwarded to Iris jobs (RLBUILD_*)
 DEFAULT_STORAGE_ROOT = "results"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _storage_root(root: str) -> str:
@@ -52,19 +55,27 @@ def _derived(launch_path: str, kind: str) -> dict:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    try:
-        plan = _plan(args)
-    except PreflightError as exc:
-        if args.json:
-            print(json.dumps({"ok": False, "errors": [v.as_dict() for v in exc.violations]}, indent=2))
-        else:
-            print(redact_text(str(exc)), file=sys.stderr)
-        return EXIT_INVALID
+    """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks."""
+    from rlbuild.versioning import check_file
+    from rlbuild.workflow import experiment_file, workflow_config
+
+    config = workflow_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()), "config/config.yaml")
+    path = experiment_file(REPO, args.experiment or config.experiment)
+    storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
+    plans, errors = {}, []
+    for version in [args.version] if args.version else config.versions:
+        try:
+            plans[version] = check_file(path, version, storage_root)
+        except RlbuildError as exc:
+            errors += exc.as_violations()
+            if not args.json:
+                print(redact_text(str(exc)), file=sys.stderr)
     if args.json:
-        print(json.dumps({"ok": True, "plan": plan_dict(plan)}, indent=2))
+        found = {"ok": not errors, "errors": [v.as_dict() for v in errors]}
+        print(json.dumps(found | {"plans": {v: plan_dict(p) for v, p in plans.items()}}, indent=2))
     else:
-        print(format_plan(plan))
-    return 0
+        print("\n\n".join(format_plan(p) for p in plans.values()))
+    return EXIT_INVALID if errors else 0
 
 
 def cmd_base_model(args: argparse.Namespace) -> int:
@@ -119,10 +130,14 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    command = ["run", "--launch", args.launch, "--terminal", args.terminal]
+    from rlbuild.attempt import run_logged
+    from rlbuild.launch import load_launch
+
+    launch = load_launch(args.launch)
+    command = [sys.executable, "-m", "trainer", "run", "--launch", args.launch, "--terminal", args.terminal]
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         command.append("--allow-retrain")
-    code = _trainer(*command)
+    code = run_logged(command, launch.artifacts.attempts_root)
     if code == 0:
         _write_record(Path(args.record), _derived(args.launch, "train"))
     return code
@@ -158,9 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check", help="run every preflight check; print the plan or all errors (exit 0 / 2)")
-    check.add_argument("experiment", help="path to config/experiments/<name>.yaml")
-    check.add_argument("--version", default="dev", help="YYYY.MM.DD[.N] or dev (default: dev)")
-    check.add_argument("--storage-root", default=DEFAULT_STORAGE_ROOT, help="local folder or s3://bucket/prefix")
+    check.add_argument(
+        "experiment", nargs="?", help="an experiment name or .yaml path (default: config/config.yaml's experiment)"
+    )
+    check.add_argument("--version", help="YYYY.MM.DD[.N] or dev (default: config/config.yaml's versions)")
+    check.add_argument(
+        "--storage-root", help="local folder or s3://bucket/prefix (default: config/config.yaml's, in the repository)"
+    )
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_check)
 

@@ -24,6 +24,10 @@ class Violation:
 class RlbuildError(Exception):
     """Base class of every error rlbuild raises on purpose."""
 
+    def as_violations(self) -> list[Violation]:
+        """The error as field/message/fix entries (for `rlbuild check --json`)."""
+        return [Violation(type(self).__name__, str(self))]
+
 
 class PreflightError(RlbuildError):
     """The experiment cannot run as described. Raised during DAG construction, before any job starts."""
@@ -34,6 +38,15 @@ class PreflightError(RlbuildError):
         lines = [f"{source}: {len(violations)} problem(s) found before anything ran:"]
         lines += [f"  - {v}" for v in violations]
         super().__init__("\n".join(lines))
+
+    def as_violations(self) -> list[Violation]:
+        return list(self.violations)
+
+
+BUMP = (
+    "Bump the version (e.g. a new YYYY.MM.DD or YYYY.MM.DD.N) to build these inputs, or use version 'dev' while "
+    "iterating."
+)
 
 
 class IdentityDriftError(RlbuildError):
@@ -47,11 +60,23 @@ class IdentityDriftError(RlbuildError):
             lines.append(f"  {artifact}:")
             for name, (stored, current) in sorted(fields.items()):
                 lines.append(f"    {name}: stored {_short(stored)} -> now {_short(current)}")
-        lines.append(
-            "Bump the version (e.g. a new YYYY.MM.DD or YYYY.MM.DD.N) to build these inputs, "
-            "or use version 'dev' while iterating."
-        )
+        lines.append(BUMP)
         super().__init__("\n".join(lines))
+
+    def as_violations(self) -> list[Violation]:
+        return [
+            Violation(f"{kind}.{name}", f"stored {_short(stored)} -> now {_short(current)}", BUMP)
+            for kind, fields in self.drifts.items()
+            for name, (stored, current) in sorted(fields.items())
+        ]
+
+
+class RuntimeDriftError(RlbuildError):
+    """A fixed version would start or resume training under other code than it was resolved or checkpointed by."""
+
+
+class RetrainRefusedError(RlbuildError):
+    """This invocation would retrain a completed training of a fixed version."""
 
 
 def _short(value: object, limit: int = 120) -> str:

@@ -14,9 +14,11 @@ from typing import Any
 
 from rlbuild import runtime
 from rlbuild.artifacts import MUTABLE_VERSION
-from rlbuild.errors import IdentityDriftError
+from rlbuild.errors import IdentityDriftError, RuntimeDriftError
 
 DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's
+# Names under which records carry the runtime source digest (launch: runtime.source_digest; base_model).
+RUNTIME_FIELDS = frozenset({"source_digest", "runtime_source_digest"})
 
 
 def canonical_json(value: Any) -> str:
@@ -80,23 +82,70 @@ def field_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
+def config_diff(
+    stored: Mapping[str, Any], current: Mapping[str, Any], runtime_only: frozenset[str] = frozenset()
+) -> dict[str, tuple[Any, Any]]:
+    """The fields that differ, leaving out which code built the artifact (the runtime source digest, and the
+    identities of dependencies in `runtime_only`, which differ for that reason alone): provenance, not
+    configuration."""
+    ignored = {f"deps.{kind}" for kind in runtime_only}
+    return {
+        k: v
+        for k, v in field_diff(stored, current).items()
+        if k.rsplit(".", 1)[-1] not in RUNTIME_FIELDS and k not in ignored
+    }
+
+
 def check_drift(
     version: str,
     expected: Mapping[str, Mapping[str, Any]],
     read_record: Callable[[str], Mapping[str, Any] | None],
 ) -> list[str]:
-    """Compare each artifact's stored record with the record the config resolves to now.
+    """Compare each stored record with the record the config resolves to now; return the kinds that differ.
 
-    `expected` maps an artifact kind to its current record. Returns the kinds whose stored record is stale
-    (only possible for the mutable `dev` version); raises IdentityDriftError for a fixed version.
+    A completed artifact is never rebuilt, so only its configuration can drift: for a fixed version a changed
+    configuration raises IdentityDriftError with a field diff, and a changed runtime source digest alone does not
+    (code edits leave completed versions usable), also where it reaches an artifact only through the identity of
+    a dependency. For `dev` every difference means a rebuild. `expected` is in build order.
     """
     drifts: dict[str, dict[str, tuple[Any, Any]]] = {}
+    stale: list[str] = []
+    runtime_only: set[str] = set()
     for kind, record in expected.items():
         stored = read_record(kind)
         if stored is None or stored.get("fingerprint") == record["fingerprint"]:
             continue
-        diff = field_diff(stored.get("fields", {}), record["fields"])
-        drifts[kind] = diff or {"fingerprint": (stored.get("fingerprint"), record["fingerprint"])}
+        stale.append(kind)
+        diff = config_diff(stored.get("fields", {}), record["fields"], frozenset(runtime_only))
+        if diff:
+            drifts[kind] = diff
+        else:
+            runtime_only.add(kind)
     if drifts and version != MUTABLE_VERSION:
         raise IdentityDriftError(version, drifts)
-    return sorted(drifts)
+    return sorted(stale)
+
+
+def check_training_runtime(
+    version: str, digest: str, launch_record: Mapping[str, Any] | None, checkpoint_state: Mapping[str, Any] | None
+) -> None:
+    """Training that will start or resume runs this code: its launch document and checkpoints must name it too.
+
+    Only called for a training that is not complete. Raises RuntimeDriftError naming both digests and the way out.
+    """
+    if version == MUTABLE_VERSION:
+        return  # a dev launch and its checkpoints follow the fingerprint, which carries the digest
+    resolved = (launch_record or {}).get("fields", {}).get("runtime", {}).get("source_digest")
+    if resolved and resolved != digest:
+        raise RuntimeDriftError(
+            f"launch/v{version} was resolved by runtime {resolved[:16]}, but the code now is {digest[:16]}: training "
+            f"would run other code than its launch document names. Nothing has been trained under version {version} "
+            "with the new code; re-resolve the launch for it with --forcerun resolve_launch, or build a new version."
+        )
+    written = (checkpoint_state or {}).get("runtime_source_digest")
+    if written and written != digest:
+        raise RuntimeDriftError(
+            f"version {version} has checkpoints written by runtime {written[:16]}, but the code now is {digest[:16]}: "
+            "resuming would load state written by other code. Build a new version (e.g. "
+            f"{version}.1), or start this one over with --config allow_retrain=true."
+        )

@@ -32,6 +32,9 @@ FORWARDED_PREFIXES = ("RLBUILD_", "SNAKEMAKE_STORAGE_S3_")
 # The cluster injects its own storage credentials; forwarding these would clobber them (seed 003).
 NEVER_FORWARDED = re.compile(r"^(AWS_|R2_)")
 
+# `--config allow_retrain=true` reaches the train job as this variable (a rule param would be provenance).
+ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"
+
 # Each gang task asks its scheduler for one port per name (Iris: IRIS_PORT_<NAME>), so several Ray nodes can
 # share a host.
 RAY_PORT_NAMES = (

@@ -1,4 +1,5 @@
-"""What the Snakefile needs from the library: the experiment, its checked plans, and storage locations.
+"""What the Snakefile needs from the library: its validated config, the experiment, each version's checked plan,
+storage scoping, and the guard that keeps Snakemake from retraining a completed fixed version.
 
 Kept free of heavy imports (no torch, no ray): it runs on every `snakemake` invocation, dry runs included.
 """
@@ -6,21 +7,60 @@ Kept free of heavy imports (no torch, no ray): it runs on every `snakemake` invo
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
-from rlbuild.errors import PreflightError, RlbuildError, Violation
-from rlbuild.identity import check_drift
-from rlbuild.plan import Plan, resolve
+from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError
+from rlbuild.plan import Plan
 from rlbuild.planview import format_plan
-from rlbuild.preflight import check_experiment, check_model_shape
+from rlbuild.preflight import check_experiment
 from rlbuild.redact import redact_text
 from rlbuild.spec import Experiment, check_version, load_experiment
-from rlbuild.storage import join, read_json
+from rlbuild.storage import join
+from rlbuild.validation import violations
+from rlbuild.versioning import StoredRecords, checked_plan
+
+# Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
+TRAIN_AND_UPSTREAM = {a.rule for a in ARTIFACTS[: [a.kind for a in ARTIFACTS].index("train") + 1]}
+
+
+class WorkflowConfig(BaseModel):
+    """`config/config.yaml` and `--config key=value`: what this checkout builds and where."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experiment: str = Field(min_length=1, description="config/experiments/<name>.yaml, or a path to a .yaml file")
+    versions: list[str] = Field(min_length=1, description="the versions `snakemake` builds with no target")
+    storage_root: str = Field(min_length=1, description="the local storage root, relative to the repository")
+    allow_retrain: bool = Field(False, description="let this run retrain a completed fixed version")
+
+    @field_validator("versions", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+def workflow_config(config: dict[str, Any], source: str = "--config / config/config.yaml") -> WorkflowConfig:
+    """The validated workflow config; every problem at once, naming the key and the fix."""
+    try:
+        parsed = WorkflowConfig.model_validate(config)
+    except ValidationError as exc:
+        raise PreflightError(source, violations(exc, config, WorkflowConfig, "config.")) from None
+    problems = [
+        v.__class__(f"config.versions[{i}]", v.message, v.fix)
+        for i, version in enumerate(parsed.versions)
+        for v in check_version(version)
+    ]
+    if problems:
+        raise PreflightError(source, problems)
+    return parsed
 
 
 def fail(error: RlbuildError) -> None:
@@ -40,7 +80,18 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
     if not settings.default_storage_provider:
         return str(local_root.resolve())
     _export_s3_settings(workflow)
-    prefix = settings.default_storage_prefix.rstrip("/")
+    prefix = (settings.default_storage_prefix or "").rstrip("/")
+    unset = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", prefix))
+    if prefix.startswith("s3://") and not prefix.removeprefix("s3://").split("/")[0]:
+        unset.add("RLBUILD_BUCKET")  # set, but empty: the profile's bucket comes from it
+    unset = sorted(unset)
+    if unset or not prefix:
+        raise StorageSettingsError(
+            f"the default storage prefix {prefix or '(none)'!r} needs {', '.join(unset) or 'a value'}: export "
+            f"{' '.join(f'{name}=...' for name in unset) or 'RLBUILD_BUCKET=... RLBUILD_PREFIX=...'} (artifacts go "
+            "to s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX/<experiment>/), and SNAKEMAKE_STORAGE_S3_ENDPOINT_URL, "
+            "SNAKEMAKE_STORAGE_S3_ACCESS_KEY, SNAKEMAKE_STORAGE_S3_SECRET_KEY unless boto's own chain has them"
+        )
     if prefix.endswith(f"/{experiment}"):
         return prefix[: -len(experiment) - 1]
     settings.default_storage_prefix = f"{prefix}/{experiment}"
@@ -54,6 +105,25 @@ S3_SETTINGS_ENV = {
     "secret_key": "SNAKEMAKE_STORAGE_S3_SECRET_KEY",
     "token": "SNAKEMAKE_STORAGE_S3_TOKEN",
 }
+
+
+class StorageSettingsError(RlbuildError):
+    """The storage the run would use is not configured."""
+
+
+def report_where_typed(workflow: Any) -> None:
+    """`--report report.html` lands where the user typed it, not in the experiment root the Snakefile's `workdir:`
+    moves into (Snakemake resolves the report path only after that move)."""
+    create_report = workflow.create_report
+    typed_in = Path(workflow.workdir_init)
+
+    def create(report_plugin: Any, report_settings: Any, global_report_settings: Any) -> Any:
+        path = getattr(report_settings, "path", None)
+        if path is not None and not Path(path).is_absolute():
+            report_settings.path = typed_in / path
+        return create_report(report_plugin, report_settings, global_report_settings)
+
+    workflow.create_report = create
 
 
 def _export_s3_settings(workflow: Any) -> None:
@@ -80,6 +150,7 @@ class Graph:
 
     experiment_file: Path
     announce: bool
+    allow_retrain: bool = False
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
@@ -109,18 +180,9 @@ class Graph:
         return join(self.storage_root, self.experiment.name)
 
     def plan(self, version: str) -> Plan:
-        """The checked plan of one version; stops on any violation or identity drift."""
+        """The checked plan of one version (rlbuild/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
-            problems: list[Violation] = check_version(version)
-            if problems:
-                raise PreflightError(str(self.experiment_file), problems)
-            plan = resolve(self.experiment, version, self.storage_root, source=str(self.experiment_file))
-            check_drift(version, plan.records, lambda kind: read_json(plan.uri(artifact(kind).record(version))))
-            staged_model = artifact("stage_model").path(version)
-            model_config = read_json(plan.uri(f"{staged_model}/config.json"))
-            problems = check_model_shape(model_config or {}, self.experiment)
-            if problems:
-                raise PreflightError(f"{self.experiment_file} (staged model {staged_model})", problems)
+            plan = checked_plan(self.experiment, version, self.storage_root, str(self.experiment_file))
             self._plans[version] = plan
             if self.announce:
                 print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)
@@ -144,6 +206,31 @@ class Graph:
             return [f".fingerprints/{kind}/v{wildcards.version}/{plan.records[kind]['fingerprint']}"]
 
         return inputs
+
+    def train_inputs(self, wildcards: Any) -> list[str]:
+        """The train rule's input function: the marker, and the refusal to force a completed fixed version.
+
+        Runs while Snakemake builds the DAG, in dry runs too, before it deletes any output of a forced job.
+        """
+        version = wildcards.version
+        plan = self.checked(version)
+        forced = forced_by(getattr(self.workflow, "dag_settings", None), version)
+        if forced and self._retrain_refused(plan):
+            fail(retrain_refused(version, forced))
+        return self.marker("train")(wildcards)
+
+    def guard_retraining(self, jobs: Any) -> None:
+        """`onstart:` the jobs Snakemake is about to run, whatever made it schedule them (-R, --forcerun, rerun
+        triggers, upstream reruns): a completed fixed version's training is refused before anything is deleted."""
+        for job in jobs:
+            if job.rule.name == artifact("train").rule:
+                version = job.wildcards_dict["version"]
+                if self._retrain_refused(self.plan(version)):
+                    fail(retrain_refused(version, "a rerun this invocation scheduled"))
+
+    def _retrain_refused(self, plan: Plan) -> bool:
+        immutable = plan.version != MUTABLE_VERSION
+        return immutable and not self.allow_retrain and StoredRecords(plan).complete("train")
 
     def stage_model_inputs(self, wildcards: Any) -> dict[str, Any]:
         plan = self.checked(wildcards.version)
@@ -169,3 +256,29 @@ class Graph:
                 "iris_max_retries": iris.max_retries,
             }
         return resources
+
+
+def forced_by(settings: Any, version: str) -> str:
+    """What in this invocation forces `train` of `version` to rerun ("" when nothing does)."""
+    if settings is None:
+        return ""
+    if settings.forceall:
+        return "--forceall"
+    for item in sorted(map(str, settings.forcerun)):
+        kind = kind_of_target(item)
+        if item in TRAIN_AND_UPSTREAM or (
+            kind and artifact(kind).rule in TRAIN_AND_UPSTREAM and f"/v{version}" in item
+        ):
+            return f"--forcerun {item}"
+    if settings.forcetargets and any(kind_of_target(str(t)) == "train" for t in settings.targets):
+        return "--force on a train target"
+    return ""
+
+
+def retrain_refused(version: str, cause: str) -> RetrainRefusedError:
+    train = artifact("train")
+    return RetrainRefusedError(
+        f"{train.path(version)} is a completed training of immutable version {version}, and {cause} would "
+        f"retrain it; nothing was deleted or run. To retrain it anyway add --config allow_retrain=true; to train "
+        f"other settings use a new version (e.g. {version}.1 or a new date)."
+    )

@@ -13,7 +13,8 @@ rule eval:
     log:
         "logs/eval/v{version}.log",
     params:
+        rlbuild=RLBUILD,
         out=lambda wildcards, output: str(Path(output.results).parent),
     shell:
-        "{RLBUILD} eval --launch {input.launch:q} --model {input.model:q} --data {input.data:q} "
+        "{params.rlbuild:q} eval --launch {input.launch:q} --model {input.model:q} --data {input.data:q} "
         "--out {params.out:q} 2> {log:q}"

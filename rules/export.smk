@@ -9,5 +9,8 @@ rule export:
         directory(ARTIFACT["export"].path()),
     log:
         "logs/export/v{version}.log",
+    params:
+        rlbuild=RLBUILD,
     shell:
-        "{RLBUILD} export --launch {input.launch:q} --terminal {input.terminal:q} --out {output:q} 2> {log:q}"
+        "{params.rlbuild:q} export --launch {input.launch:q} --terminal {input.terminal:q} --out {output:q} "
+        "2> {log:q}"

@@ -10,6 +10,9 @@ rule resolve_launch:
         plan=report("launch/v{version}/plan.txt", category="Plan", caption="../report/plan.rst"),
     log:
         "logs/resolve_launch/v{version}.log",
+    params:
+        rlbuild=RLBUILD,
+        args=ARGS,
     shell:
-        "{RLBUILD} resolve-launch {ARGS} --version {wildcards.version:q} "
+        "{params.rlbuild:q} resolve-launch {params.args:q} --version {wildcards.version:q} "
         "--out {output.launch:q} --record {output.record:q} --plan {output.plan:q} 2> {log:q}"

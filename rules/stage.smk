@@ -6,8 +6,11 @@ rule base_model:
         directory(ARTIFACT["base_model"].path()),
     log:
         "logs/base_model/v{version}.log",
+    params:
+        rlbuild=RLBUILD,
+        args=ARGS,
     shell:
-        "{RLBUILD} base-model {ARGS} --version {wildcards.version:q} --out {output:q} 2> {log:q}"
+        "{params.rlbuild:q} base-model {params.args:q} --version {wildcards.version:q} --out {output:q} 2> {log:q}"
 
 
 rule stage_model:
@@ -18,12 +21,14 @@ rule stage_model:
     log:
         "logs/stage_model/v{version}.log",
     params:
+        rlbuild=RLBUILD,
+        args=ARGS,
         base_model=lambda wildcards, input: (
             ["--base-model", input.base_model] if "base_model" in input.keys() else []
         ),
     shell:
-        "{RLBUILD} stage-model {ARGS} --version {wildcards.version:q} {params.base_model:q} --out {output:q} "
-        "2> {log:q}"
+        "{params.rlbuild:q} stage-model {params.args:q} --version {wildcards.version:q} {params.base_model:q} "
+        "--out {output:q} 2> {log:q}"
 
 
 rule stage_data:
@@ -33,5 +38,8 @@ rule stage_data:
         directory(ARTIFACT["stage_data"].path()),
     log:
         "logs/stage_data/v{version}.log",
+    params:
+        rlbuild=RLBUILD,
+        args=ARGS,
     shell:
-        "{RLBUILD} stage-data {ARGS} --version {wildcards.version:q} --out {output:q} 2> {log:q}"
+        "{params.rlbuild:q} stage-data {params.args:q} --version {wildcards.version:q} --out {output:q} 2> {log:q}"

@@ -1,7 +1,8 @@
 rule train:
     # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; locally, a local Ray.
+    # Every attempt's whole log is also kept in storage, under the run's attempts folder (rlbuild/attempt.py).
     input:
-        GRAPH.marker("train"),
+        GRAPH.train_inputs,
         launch=ARTIFACT["launch"].path(),
         record=ARTIFACT["launch"].record(),
         model=ARTIFACT["stage_model"].path(),
@@ -13,6 +14,8 @@ rule train:
         "logs/train/v{version}.log",
     resources:
         **GRAPH.gang_resources(),
+    params:
+        rlbuild=RLBUILD,
     shell:
-        "{RLBUILD} train --launch {input.launch:q} --terminal {output.terminal:q} --record {output.record:q} "
-        "2>&1 | tee {log:q}"
+        "{params.rlbuild:q} train --launch {input.launch:q} --terminal {output.terminal:q} "
+        "--record {output.record:q} 2>&1 | tee {log:q}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -77,10 +78,15 @@ def s3_root(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def run_snakemake(
-    args: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600
+    args: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    snakefile: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `snakemake` CLI of this venv against the repository's Snakefile."""
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args]
+    """Run the real `snakemake` CLI of this venv against the repository's Snakefile (or another copy's)."""
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile or REPO / "Snakefile"), *args]
     return subprocess.run(
         command,
         cwd=cwd,
@@ -90,3 +96,22 @@ def run_snakemake(
         timeout=timeout,
         check=False,
     )
+
+
+def copy_of_the_code(target: Path) -> Path:
+    """The repository's files as a fresh clone of this working tree would have them (no venv, no results)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for name in listed:
+        source, copy = REPO / name, target / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            copy.symlink_to(os.readlink(source))
+        elif source.is_file():
+            shutil.copy2(source, copy)
+    return target

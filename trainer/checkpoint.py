@@ -14,18 +14,15 @@ run continues exactly as the uninterrupted one would have.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlbuild import checkpoints as layout
 from rlbuild import storage
+from rlbuild.checkpoints import LATEST, STATE, STEP_DIR
 from trainer.errors import TrainerError
-
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
-LATEST = "latest"
-STATE = "trainer_state.json"
 
 
 class CheckpointError(TrainerError):
@@ -40,21 +37,18 @@ class Resume:
 
 
 class CheckpointManager:
-    def __init__(self, root: str, keep: int, runtime_digest: str) -> None:
+    def __init__(self, root: str, keep: int, runtime_digest: str, launch_fingerprint: str = "") -> None:
+        """`launch_fingerprint` names the configuration; `latest` never resumes another configuration's state."""
         self.root = root.rstrip("/")
         self.keep = keep
         self.runtime_digest = runtime_digest
+        self.launch_fingerprint = launch_fingerprint
 
     def step_uri(self, step: int) -> str:
-        return storage.join(self.root, f"global_step_{step}")
+        return layout.step_uri(self.root, step)
 
     def latest_step(self) -> int | None:
-        text = storage.read_text(storage.join(self.root, LATEST))
-        if text is None:
-            return None
-        if not text.strip().isdigit():
-            raise CheckpointError(f"{storage.join(self.root, LATEST)} holds {text!r}, not a step number; delete it")
-        return int(text.strip())
+        return layout.latest_step(self.root)
 
     def save(self, step: int, data_cursor: int, extra: dict[str, Any], write_policy: Callable[[str], None]) -> str:
         """Policy + optimizer (via `write_policy`), then trainer state, then `latest`; then prune old ones."""
@@ -64,6 +58,7 @@ class CheckpointManager:
             "global_step": step,
             "data_cursor": data_cursor,
             "runtime_source_digest": self.runtime_digest,
+            "launch_fingerprint": self.launch_fingerprint,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **extra,
         }
@@ -86,13 +81,13 @@ class CheckpointManager:
                 raise CheckpointError(
                     f"trainer.resume_path={path!r} must name a global_step_N folder for resume_mode from_path"
                 )
-            return self._load(path.rstrip("/"))
+            return self._load(path.rstrip("/"), same_configuration=False)
         if mode != "latest":
             raise CheckpointError(f"trainer.resume_mode={mode!r} is not supported; use latest, none or from_path")
         step = self.latest_step()
-        return None if step is None else self._load(self.step_uri(step))
+        return None if step is None else self._load(self.step_uri(step), same_configuration=True)
 
-    def _load(self, uri: str) -> Resume:
+    def _load(self, uri: str, same_configuration: bool) -> Resume:
         text = storage.read_text(storage.join(uri, STATE))
         if text is None:
             raise CheckpointError(f"{uri} has no {STATE}: it is not a complete checkpoint; resume another one")
@@ -102,5 +97,12 @@ class CheckpointManager:
                 f"checkpoint {uri} was written by runtime source digest {state.get('runtime_source_digest')}, but the "
                 f"running code has {self.runtime_digest}: resuming would mix code versions. Train a new version, or "
                 "pass --allow-retrain (or set trainer.resume_mode: none) to start from step 0."
+            )
+        stored = state.get("launch_fingerprint")
+        if same_configuration and self.launch_fingerprint and stored != self.launch_fingerprint:
+            raise CheckpointError(
+                f"checkpoint {uri} belongs to launch fingerprint {stored}, not this launch's "
+                f"{self.launch_fingerprint}: it was trained with another configuration. Resume it with "
+                "resume_mode: from_path if that is meant, or start from step 0 (--allow-retrain, or resume_mode: none)."
             )
         return Resume(int(state["global_step"]), int(state["data_cursor"]), uri)

@@ -36,8 +36,6 @@ from trainer.rewards import rewards as score_rollouts
 from trainer.roles import Roles
 from trainer.terminal import write_terminal
 
-DEV_VERSION = "dev"
-
 
 @dataclass(frozen=True)
 class Inputs:
@@ -53,11 +51,16 @@ class Inputs:
 def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: bool = False) -> dict[str, Any]:
     """Train as the launch document says; write checkpoints, metrics and the terminal manifest. Returns it."""
     terminal_uri = terminal_uri or launch.artifacts.terminal_manifest_uri
-    artifacts = launch.artifacts
+    artifacts, max_steps = launch.artifacts, launch.recipe.trainer.max_steps
     checkpoints = CheckpointManager(
-        artifacts.checkpoint_root, artifacts.resume_checkpoint_count, runtime.source_digest()
+        artifacts.checkpoint_root, artifacts.resume_checkpoint_count, runtime.source_digest(), launch.run.fingerprint
     )
     resume = start_point(launch, terminal_uri, checkpoints, allow_retrain)
+    if resume is not None and resume.step == max_steps:
+        # The final checkpoint is complete but terminal.json is not (deleted outputs, or a crash in between).
+        print(f"[trainer] {resume.uri} is the completed final step; writing its terminal manifest", flush=True)
+        records = MetricsWriter(artifacts.metrics_uri, max_steps, max_steps).records()
+        return write_terminal(launch, checkpoints, records, terminal_uri)
     # A fresh verified copy per run: a dev version re-staged at the same URI must never meet a stale cache.
     with tempfile.TemporaryDirectory(prefix="rlbuild-inputs-") as cache:
         inputs = load_inputs(launch, Path(cache))
@@ -117,19 +120,17 @@ def train(
 def start_point(
     launch: LaunchDocument, terminal_uri: str, checkpoints: CheckpointManager, allow_retrain: bool
 ) -> Resume | None:
-    """Where training starts: None for step 0, or the checkpoint to resume; refuses a run that must not start."""
+    """Where training starts: None for step 0, or the checkpoint to resume (the final one: nothing left to train).
+
+    Refuses when the terminal manifest exists. Retraining a completed fixed version is refused earlier, before
+    Snakemake deletes anything (rlbuild/workflow.py); `allow_retrain` starts over from step 0.
+    """
     if storage.exists(terminal_uri):
         raise TrainerError(
             f"terminal manifest {terminal_uri} already exists: this version is trained. Use a new version (or delete "
             "it for version dev)."
         )
     t = launch.recipe.trainer
-    if launch.run.version != DEV_VERSION and not allow_retrain and checkpoints.latest_step() == t.max_steps:
-        raise TrainerError(
-            f"{checkpoints.root} already holds the completed final step {t.max_steps} of immutable version "
-            f"{launch.run.version}, but its terminal manifest is missing (a forced retrain?). Use a new version, or "
-            "pass --allow-retrain to train again from step 0."
-        )
     return None if allow_retrain else checkpoints.resolve(t.resume_mode, t.resume_path)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXPERIMENTS, REPO, S3Server, run_snakemake
+from rlbuild.streams import read_stream
+from tests.conftest import EXPERIMENTS, REPO, S3Server, copy_of_the_code, run_snakemake
 from tests.spine.test_graph import job_counts
 
 VERSION = "2026.09.21"
@@ -47,12 +48,19 @@ class Pipeline:
         return self.storage / yaml.safe_load(self.experiment.read_text())["name"]
 
     def run(
-        self, *options: str, targets: tuple[str, ...] = (), config: tuple[str, ...] = (), timeout: float = 600
+        self,
+        *options: str,
+        targets: tuple[str, ...] = (),
+        config: tuple[str, ...] = (),
+        timeout: float = 600,
+        snakefile: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Targets go after `--`, as they must after list-valued options such as --forcerun and --config."""
         settings = [f"experiment={self.experiment}", f"storage_root={self.storage}", f"versions=['{VERSION}']"]
         command = ["--cores", "2", *self.extra, *options, "--config", *settings, *config, "--", *targets]
-        return run_snakemake(command, cwd=self.folder, env=self.env, timeout=timeout)
+        environment = {**self.env, **(env or {})}
+        return run_snakemake(command, cwd=self.folder, env=environment, timeout=timeout, snakefile=snakefile)
 
 
 def ran(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
@@ -92,13 +100,13 @@ def test_every_artifact_kind_is_complete_with_its_identity_record(pipeline: Pipe
     AutoTokenizer.from_pretrained(export, local_files_only=True)
 
 
-def test_report_holds_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
-    report = pipeline.folder / "report.html"
-    result = pipeline.run("--report", str(report))
+def test_report_lands_where_it_was_typed_with_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
+    result = pipeline.run("--report", "report.html")  # relative to where snakemake runs, not the experiment root
     assert result.returncode == 0, result.stderr[-3000:]
-    html = report.read_text()
+    html = (pipeline.folder / "report.html").read_text()
     for name in ("curves.png", "results.html", "plan.txt"):
         assert name in html
+    assert not (pipeline.root / "report.html").exists()
 
 
 def test_nothing_to_do_when_everything_is_built(pipeline: Pipeline) -> None:
@@ -113,15 +121,48 @@ def test_forcerun_export_reexports_without_retraining(pipeline: Pipeline) -> Non
     assert ran(pipeline.run("--forcerun", "export", targets=(f"export/v{VERSION}",))) == {"export": 1}
 
 
-def test_forcing_a_fixed_version_to_retrain_is_refused(pipeline: Pipeline) -> None:
-    result = pipeline.run("--forcerun", "train", targets=(f"train/v{VERSION}/terminal.json",))
+@pytest.mark.parametrize(
+    "forcing",
+    [("-R", "train"), ("--forcerun", "stage_data"), ("-n", "-R", "train"), ("--forceall",)],
+    ids=["rerun-train", "rerun-upstream", "dry-run", "forceall"],
+)
+def test_forcing_a_completed_fixed_version_to_retrain_is_refused_before_anything_is_deleted(
+    pipeline: Pipeline, forcing: tuple[str, ...]
+) -> None:
+    terminal = pipeline.root / f"train/v{VERSION}/terminal.json"
+    before = terminal.read_bytes()
+    started = time.monotonic()
+    result = pipeline.run(*forcing, targets=(f"export/v{VERSION}",))
     assert result.returncode != 0
-    log = (pipeline.root / "logs" / "train" / f"v{VERSION}.log").read_text()
-    assert "allow_retrain" in log or "--allow-retrain" in log
+    assert time.monotonic() - started < 60
+    assert "is a completed training of immutable version" in result.stderr
+    assert "--config allow_retrain=true" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert terminal.read_bytes() == before
+
+
+def test_a_rerun_trigger_cannot_retrain_a_completed_fixed_version(pipeline: Pipeline) -> None:
+    record = pipeline.root / f"launch/v{VERSION}/identity.json"
+    terminal = pipeline.root / f"train/v{VERSION}/terminal.json"
+    before, original = terminal.read_bytes(), record.read_bytes()
+    # A newer input with other bytes: Snakemake's mtime trigger schedules train (the bytes are what it compares).
+    record.write_bytes(original + b"\n")
+    try:
+        result = pipeline.run(targets=(f"export/v{VERSION}",))
+        assert result.returncode != 0, result.stdout[-2000:]
+        assert "a rerun this invocation scheduled would retrain it" in result.stderr
+        assert terminal.read_bytes() == before
+    finally:
+        record.write_bytes(original)
+
+
+def test_allow_retrain_retrains_a_completed_fixed_version(pipeline: Pipeline) -> None:
     retrained = pipeline.run(
-        "--forcerun", "train", targets=(f"train/v{VERSION}/terminal.json",), config=("allow_retrain=true",)
+        "-R", "train", targets=(f"train/v{VERSION}/terminal.json",), config=("allow_retrain=true",)
     )
     assert ran(retrained) == {"train": 1}
+    logs = pipeline.root / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "attempts" / "logs"
+    assert len(list(logs.iterdir())) >= 2  # every attempt's log is kept: the first training and this one
 
 
 def test_an_edited_file_in_storage_is_detected(pipeline: Pipeline) -> None:
@@ -135,6 +176,38 @@ def test_an_edited_file_in_storage_is_detected(pipeline: Pipeline) -> None:
         assert "validation/0.jsonl" in log and "manifest" in log.lower(), result.stderr[-3000:] + log
     finally:
         data.write_text(original)
+
+
+def test_code_edits_leave_completed_versions_usable(pipeline: Pipeline, tmp_path: Path) -> None:
+    """A fresh copy of the code with a comment added to the trainer and the library, and a real change to the
+    trainer: the completed version is still complete; dry run, --summary and --report all work."""
+    clone = copy_of_the_code(tmp_path / "clone")
+    for name in ("trainer/loop.py", "rlbuild/plan.py"):
+        (clone / name).write_text((clone / name).read_text() + "# a comment appended by the test\n")
+    (clone / "trainer" / "grpo.py").write_text((clone / "trainer" / "grpo.py").read_text() + "UNUSED_BY_TEST = 1\n")
+    env = {"PYTHONPATH": str(clone)}
+    dry = pipeline.run("-n", targets=(f"export/v{VERSION}",), snakefile=clone / "Snakefile", env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+    summary = pipeline.run("--summary", snakefile=clone / "Snakefile", env=env)
+    assert summary.returncode == 0 and f"train/v{VERSION}/terminal.json" in summary.stdout, summary.stderr[-3000:]
+    report = pipeline.run(
+        "--report", "edited.html", targets=(f"export/v{VERSION}",), snakefile=clone / "Snakefile", env=env
+    )
+    assert report.returncode == 0 and (pipeline.folder / "edited.html").is_file(), report.stderr[-3000:]
+
+
+def test_delete_all_output_then_rebuild_writes_the_terminal_manifest_without_retraining(pipeline: Pipeline) -> None:
+    deleted = pipeline.run("--delete-all-output")
+    assert deleted.returncode == 0, deleted.stderr[-3000:]
+    terminal = pipeline.root / f"train/v{VERSION}/terminal.json"
+    assert not terminal.exists()
+    rebuilt = pipeline.run()
+    assert ran(rebuilt)["train"] == 1
+    log = (pipeline.root / "logs" / "train" / f"v{VERSION}.log").read_text()
+    assert "is the completed final step; writing its terminal manifest" in log
+    assert "[trainer] step" not in log  # not one step trained again
+    assert json.loads(terminal.read_text())["global_step"] == 4
 
 
 @pytest.mark.slow
@@ -178,6 +251,10 @@ def test_killed_training_resumes_from_the_latest_checkpoint(tmp_path: Path) -> N
     assert terminal["global_step"] == 8
     log = (pipe.root / "logs" / "train" / f"v{VERSION}.log").read_text()
     assert "resum" in log.lower()
+    # Snakemake's log holds the last attempt; storage keeps both, the killed one up to its last flush.
+    attempts = pipe.root / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "attempts" / "logs"
+    logs = sorted(read_stream(str(folder)) or "" for folder in attempts.iterdir())
+    assert len(logs) == 2 and any("resumed from" in text for text in logs)
 
 
 @pytest.mark.slow

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import EXPERIMENTS, S3Server, run_snakemake
+from tests.conftest import EXPERIMENTS, REPO, S3Server, run_snakemake
 
 VERSION = "2026.09.21"
 STAGES = ["base_model", "stage_model", "stage_data", "resolve_launch", "train", "export"]
@@ -90,6 +93,30 @@ def test_bad_version_in_target_is_named(tmp_path: Path) -> None:
     assert "version: '2026.9.21' is not a calendar version" in result.stderr
 
 
+def test_a_mistyped_config_key_is_refused_naming_the_key(tmp_path: Path) -> None:
+    result = run_snakemake(["-n", "--config", "verions=x", f"storage_root={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "config.verions: unknown key; did you mean 'versions'?" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_iris_profile_with_nothing_set_names_what_to_set(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLBUILD_", "SNAKEMAKE_"))}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "--profile", "iris", "-n", f"export/v{VERSION}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "RLBUILD_BUCKET" in line]
+    assert len(errors) == 1 and "RLBUILD_PREFIX" in errors[0] and "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL" in errors[0]
+    assert "iris: no controller configured: set SNAKEMAKE_IRIS_CONTROLLER_URL" in result.stderr
+    assert "Traceback" not in result.stderr and "Exception" not in result.stderr
+
+
 def s3_args(bucket: str) -> list[str]:
     return ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/root"]
 
@@ -123,6 +150,17 @@ def test_changed_recipe_under_a_fixed_version_is_refused_from_a_fresh_checkout(
     assert "recipe.trainer.max_steps: stored 200 -> now 7" in refused.stderr
     assert "Bump the version" in refused.stderr
     assert "SECRET" not in (refused.stdout + refused.stderr).upper().replace("<REDACTED>", "")
+    # `rlbuild check` runs the dry run's checks, against the same storage.
+    argv = ["check", str(experiment), "--version", VERSION, "--storage-root", f"s3://{bucket}/root"]
+    check = subprocess.run(
+        [sys.executable, "-m", "rlbuild", *argv],
+        env={**os.environ, **s3_server.env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert "recipe.trainer.max_steps: stored 200 -> now 7" in check.stderr
 
 
 @pytest.mark.timeout(300)

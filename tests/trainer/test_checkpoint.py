@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild import storage
+from rlbuild import runtime, storage
+from rlbuild.checkpoints import CheckpointLayoutError
 from rlbuild.launch import LaunchDocument, load_launch
 from tests.launches import write_test_launch
 from trainer import loop
@@ -61,7 +62,7 @@ def test_resume_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"no trainer_state\.json"):
         manager.resolve("from_path", str(tmp_path / "global_step_3"))
     (tmp_path / "latest").write_text("three")
-    with pytest.raises(CheckpointError, match="not a step number"):
+    with pytest.raises(CheckpointLayoutError, match="not a step number"):
         manager.latest_step()
 
 
@@ -70,19 +71,24 @@ def _launch(tmp_path: Path, version: str) -> LaunchDocument:
     return load_launch(str(path))
 
 
-def test_immutable_version_refuses_a_forced_retrain(tmp_path: Path) -> None:
+def test_a_completed_final_checkpoint_gets_its_terminal_manifest_without_training(tmp_path: Path) -> None:
     launch = _launch(tmp_path, "2026.09.21")
-    manager = CheckpointManager(launch.artifacts.checkpoint_root, keep=1, runtime_digest="d")
-    terminal = str(tmp_path / "terminal.json")
-    assert loop.start_point(launch, terminal, manager, False) is None  # nothing trained yet
+    root, keep = launch.artifacts.checkpoint_root, launch.artifacts.resume_checkpoint_count
+    manager = CheckpointManager(root, keep, runtime.source_digest(), launch.run.fingerprint)
     manager.save(4, 64, {}, _write_policy)
-    with pytest.raises(TrainerError, match="--allow-retrain"):
-        loop.start_point(launch, terminal, manager, False)
-    assert loop.start_point(launch, terminal, manager, True) is None
-    dev = _launch(tmp_path, "dev")
-    dev_manager = CheckpointManager(dev.artifacts.checkpoint_root, keep=1, runtime_digest="d")
-    dev_manager.save(4, 64, {}, _write_policy)
-    assert loop.start_point(dev, terminal, dev_manager, False).step == 4  # dev is mutable
+    terminal = tmp_path / "terminal.json"
+    manifest = loop.run(launch, str(terminal))  # no Ray starts: nothing is left to train
+    assert manifest["global_step"] == 4 == json.loads(terminal.read_text())["global_step"]
+    assert manifest["hf_path"] == f"{root}/global_step_4/policy"
+    assert loop.start_point(launch, str(tmp_path / "other.json"), manager, True) is None  # allow_retrain: step 0
+
+
+def test_latest_never_resumes_another_configurations_checkpoint(tmp_path: Path) -> None:
+    CheckpointManager(str(tmp_path), 1, "d", launch_fingerprint="a" * 16).save(2, 8, {}, _write_policy)
+    with pytest.raises(CheckpointError, match=r"belongs to launch fingerprint a{16}, not this launch's b{16}"):
+        CheckpointManager(str(tmp_path), 1, "d", launch_fingerprint="b" * 16).resolve("latest", None)
+    explicit = CheckpointManager(str(tmp_path), 1, "d", launch_fingerprint="b" * 16)
+    assert explicit.resolve("from_path", str(tmp_path / "global_step_2")).step == 2  # an explicit choice
 
 
 def test_existing_terminal_manifest_is_never_overwritten(tmp_path: Path) -> None:

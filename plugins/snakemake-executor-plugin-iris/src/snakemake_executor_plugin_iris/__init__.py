@@ -4,6 +4,7 @@ CPU rules become single Iris tasks; a rule that declares `gpu_nodes` becomes one
 nodes whose tasks run the `rlbuild.gang` bootstrap (Ray across the nodes, then the Snakemake job on rank 0).
 """
 
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -102,3 +103,12 @@ class ExecutorSettings(ExecutorSettingsBase):
         ),
     )
     log_tail: int = field(default=40, metadata=_help("lines of each task's log shown when a job fails"))
+
+    def __post_init__(self) -> None:
+        # Settings are parsed on every start, dry runs included (which never reach the executor itself).
+        if not self.controller_url and not self.cluster:
+            print(
+                "iris: no controller configured: set SNAKEMAKE_IRIS_CONTROLLER_URL (or SNAKEMAKE_IRIS_CLUSTER); "
+                "a dry run plans without one, a real run stops here",
+                file=sys.stderr,
+            )

@@ -1,0 +1,25 @@
+"""The benchmarks run: each on the smallest budget that still exercises every line of it (the numbers are
+measured by hand, with `make bench`; here they only have to come out)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _bench(*argv: str, timeout: float = 600) -> str:
+    result = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_dry_run_benchmark_prints_its_ratios() -> None:
+    out = _bench("benchmarks/dry_run.py", "--repeats", "1")
+    assert "floor: snakemake -n, empty Snakefile" in out and "rlbuild dry run, 50 versions" in out

@@ -1,0 +1,90 @@
+"""Every command the README prints works exactly as typed: the cheap ones run here, in a fresh copy of the
+repository with the set-up's environment on PATH (what `source .venv/bin/activate` gives); each expensive one
+names the test (or CI step) that runs it. A README command in neither table fails the guard."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, S3Server, copy_of_the_code
+
+VENV_BIN = Path(sys.executable).parent
+
+# command -> a line its output must hold
+RUN_HERE = {
+    "snakemake -n export/v2026.09.21": "rlbuild plan: tiny-addition @ 2026.09.21 (immutable)",
+    "snakemake -n": "terminal stage eval",
+    "snakemake --unlock": "Unlocked working directory",
+    "rlbuild check": "rlbuild plan: tiny-addition @ 2026.09.21 (immutable)",
+    "rlbuild check config/experiments/tiny-addition.yaml --version 2026.09.21": "rlbuild plan: tiny-addition",
+    "rlbuild check config/experiments/tiny-addition.yaml --json": '"ok": true',
+    "snakemake --profile iris -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
+    "snakemake --help | grep -A1 -- --iris-": "--iris-controller-url",
+}
+COVERED_ELSEWHERE = {
+    "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
+    "make test": "CI runs it (.ci/run)",
+    "source .venv/bin/activate": "these tests put the venv's bin first on PATH, as activating does",
+    "snakemake --forcerun eval": "tests/e2e/test_pipeline.py::test_forcerun_eval_reruns_eval_only",
+    "snakemake --forcerun export -- export/v2026.09.21": "test_forcerun_export_reexports_without_retraining",
+    "snakemake --rerun-incomplete train/v2026.09.21/terminal.json": (
+        "tests/e2e/test_pipeline.py::test_killed_training_resumes_from_the_latest_checkpoint"
+    ),
+    "snakemake --forcerun train --config allow_retrain=true -- train/v2026.09.21/terminal.json": (
+        "tests/e2e/test_pipeline.py::test_allow_retrain_retrains_a_completed_fixed_version"
+    ),
+    "snakemake --profile iris export/v2026.09.21": "tests/iris/test_training.py (a 2-node gang through the profile)",
+    "make setup": "CI's `make test` runs it first; every test here runs in the environment it made",
+    "python -m trainer run --launch launch.yaml": "tests/trainer/test_run.py runs it on launch documents it writes",
+    "make bench": "tests/test_benchmarks.py runs every benchmark on a tiny budget",
+}
+COMMAND_WORDS = ("snakemake", "rlbuild", "make", "python", "source")
+
+
+def readme_commands() -> list[str]:
+    """The README's commands: the lines of its code blocks (without trailing comments and exports), and the
+    inline code spans of its prose that start with a command."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```\n(.*?)^```", text, flags=re.M | re.S)
+    commands = []
+    for line in (line for block in blocks for line in block.splitlines()):
+        command = re.split(r"\s{2,}#", line, maxsplit=1)[0].strip()
+        if command and not command.startswith(("#", "export ")):
+            commands.append(command)
+    prose = re.sub(r"^```\n.*?^```", "", text, flags=re.M | re.S)
+    spans = [span.split() for span in re.findall(r"`([^`]+)`", prose)]
+    commands += [" ".join(words) for words in spans if len(words) > 1 and words[0] in COMMAND_WORDS]
+    return list(dict.fromkeys(commands))
+
+
+def test_every_readme_command_runs_here_or_names_the_test_that_runs_it() -> None:
+    unaccounted = [c for c in readme_commands() if c not in RUN_HERE and c not in COVERED_ELSEWHERE]
+    assert unaccounted == []
+    stale = [c for c in [*RUN_HERE, *COVERED_ELSEWHERE] if c not in readme_commands()]
+    assert stale == []
+
+
+@pytest.fixture(scope="module")
+def fresh_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_of_the_code(tmp_path_factory.mktemp("fresh") / "rlbuild")
+
+
+@pytest.mark.parametrize("command", list(RUN_HERE))
+def test_readme_command_works_as_typed(command: str, fresh_copy: Path, s3_server: S3Server, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLBUILD_", "SNAKEMAKE_"))}
+    env |= {"PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(fresh_copy)}
+    if "--profile iris" in command:  # the README's exports, pointed at the tests' own servers
+        env |= s3_server.env() | {"RLBUILD_BUCKET": s3_server.new_bucket(), "RLBUILD_PREFIX": "readme"}
+        env |= {"SNAKEMAKE_IRIS_CONTROLLER_URL": "http://127.0.0.1:9"}  # a dry run never calls it
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=fresh_copy, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert RUN_HERE[command] in result.stdout + result.stderr
+    assert not (fresh_copy / "results").exists() or not any((fresh_copy / "results").rglob("identity.json"))
