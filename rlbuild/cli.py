@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from rlbuild import storage
 from rlbuild.artifacts import RECORD_NAME
 from rlbuild.errors import PreflightError, RlbuildError
@@ -23,6 +21,7 @@ from rlbuild.launch import dump_launch
 from rlbuild.plan import Plan, resolve_file
 from rlbuild.planview import format_plan, plan_dict
 from rlbuild.redact import redact_text
+from rlbuild.yamlfile import load_yaml
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -59,12 +58,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rlbuild.versioning import check_file
     from rlbuild.workflow import experiment_file, workflow_config
 
-    config = workflow_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()), "config/config.yaml")
-    path = experiment_file(REPO, args.experiment or config.experiment)
+    config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
     plans, errors = {}, []
-    for version in [args.version] if args.version else config.versions:
+    for version in [args.version] if args.version is not None else config.versions:
         try:
+            path = experiment_file(REPO, args.experiment or config.experiment)
             plans[version] = check_file(path, version, storage_root)
         except RlbuildError as exc:
             errors += exc.as_violations()

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from rlbuild.errors import Violation
 from rlbuild.identity import flatten
+from rlbuild.jobenv import is_secret_name
 from rlbuild.recipe import Recipe, recipe_problems
 from rlbuild.roleplan import check_role_plan
 from rlbuild.sources import SourceError, parse_source
@@ -153,9 +154,39 @@ def check_model_shape(model_config: dict[str, Any], experiment: Experiment) -> l
     return out
 
 
+def check_plain_values(experiment: Experiment) -> list[Violation]:
+    """No value interpolates (`${...}`) and none carries a secret: an experiment's values are recorded in the launch
+    document and in identity records, and fingerprinted, so a secret in one would be stored and compared."""
+    secrets = {value: name for name, value in os.environ.items() if is_secret_name(name) and len(value) >= 8}
+    out: list[Violation] = []
+    for field, value in flatten(experiment.model_dump(mode="json")).items():
+        if not isinstance(value, str):
+            continue
+        if "${" in value:
+            out.append(
+                Violation(
+                    field,
+                    "interpolation (${...}) is not supported",
+                    "write the value itself; secrets stay in the environment",
+                )
+            )
+        holder = next((name for secret, name in secrets.items() if secret in value), None)
+        if holder is not None:
+            out.append(
+                Violation(
+                    field,
+                    f"holds the value of the secret environment variable {holder}",
+                    "remove it: secrets reach jobs through the environment, never through an experiment, a record "
+                    "or a fingerprint",
+                )
+            )
+    return out
+
+
 def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:
     """All version-independent checks; returns the composed recipe (None if invalid) and every violation."""
-    violations_found = check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
+    violations_found = check_plain_values(experiment)
+    violations_found += check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
     recipe, recipe_violations = compose_recipe(experiment)
     violations_found += recipe_violations
     if recipe is not None:

@@ -14,6 +14,7 @@ fully_async: train batch == mini batch, roles separate
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rlbuild.errors import Violation
@@ -252,5 +253,8 @@ def _check_batches(plan: RolePlan, g: Geometry, runtime: Runtime) -> list[Violat
     return out
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def _divisors(n: int, shown: int = 12) -> str:
+    """The divisors of n, ascending (at most `shown` of them): O(sqrt n), whatever a typo makes n."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = sorted({*small, *(n // d for d in small)})
+    return ", ".join(map(str, found[:shown])) + (", ..." if len(found) > shown else "")

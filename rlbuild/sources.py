@@ -7,6 +7,7 @@ preflight can collect every problem of an experiment during DAG construction.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ _RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TASK_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 GRAMMAR = "hf:<org>/<name>[/<path in repo>], local:<path>, artifact:<rule name>, task:<task>/<split>"
+# The graph's rules whose output is a model folder that can be staged.
+ARTIFACT_SOURCES = ("base_model",)
 
 
 class StagingError(RlbuildError):
@@ -84,6 +87,12 @@ class Source:
                 f'sha, e.g. `python -c "from huggingface_hub import HfApi; '
                 f"print(HfApi().model_info('{self.hf_repo_id}', revision='{self.revision}').sha)\"` "
                 "(dataset_info for a data set), or copy it from the repo's 'Files and versions' history."
+            )
+        if self.scheme == "artifact" and self.location not in ARTIFACT_SOURCES:
+            close = difflib.get_close_matches(self.location, ARTIFACT_SOURCES, n=1)
+            problems.append(
+                f"source {self}: no rule of the graph named {self.location!r} makes a model folder; "
+                + (f"did you mean artifact:{close[0]}?" if close else f"use one of {list(ARTIFACT_SOURCES)}")
             )
         if self.scheme == "local" and not self.local_path().exists():
             problems.append(

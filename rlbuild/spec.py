@@ -7,18 +7,44 @@ Structural problems (types, unknown keys, missing fields) are collected all at o
 from __future__ import annotations
 
 import re
+from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlbuild.errors import PreflightError, Violation
 from rlbuild.validation import violations
+from rlbuild.yamlfile import load_yaml
 
-VERSION_PATTERN = re.compile(r"^(\d{4}\.\d{2}\.\d{2}(\.\d+)?|dev)$")
+CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(?:\.(\d{1,4}))?$")
+MUTABLE_VERSION = "dev"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a GPU variant, a cluster name: one path or label segment
 SIZE_PATTERN = re.compile(r"^(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+SIZE_UNITS = {
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+MAX_SIZE_BYTES = 2**50  # 1 PiB: no node has more memory or disk
+
+# Upper bounds far beyond any cluster, so that no check's cost grows with a mistyped number's magnitude.
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_PARALLEL = 1024  # TP, PP, DP, EP of one engine
+MAX_ENGINES = 65536
+MAX_BATCH = 2**20  # prompts (or samples) in a batch
+MAX_SAMPLES_PER_PROMPT = 4096
+# Every generator the trainer seeds (Python, torch, numpy) accepts it, also after deriving per-step seeds.
+MAX_SEED = 2**32 - 1
+MAX_NAME_LENGTH = 63  # the experiment's folder, S3 keys and scheduler job names carry it
+MAX_SOURCE_LENGTH = 1024  # an S3 key's limit
 
 
 class _Strict(BaseModel):
@@ -30,73 +56,89 @@ class Runtime(_Strict):
     strategy: Literal["fsdp2", "megatron"]
 
 
+Source = Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_LENGTH)]
+Revision = Annotated[str, Field(max_length=256)]
+Nodes = Annotated[int, Field(ge=1, le=MAX_NODES)]
+Parallel = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
 class Tokenizer(_Strict):
-    source: str
-    revision: str
+    source: Source
+    revision: Revision
 
 
 class Model(_Strict):
-    source: str
-    revision: str
+    source: Source
+    revision: Revision
     tokenizer: Tokenizer
 
 
 class DataSource(_Strict):
-    source: str
-    revision: str
+    source: Source
+    revision: Revision
 
 
 class Data(_Strict):
-    train: list[DataSource] = Field(min_length=1)
-    validation: list[DataSource] = Field(min_length=1)
+    train: list[DataSource] = Field(min_length=1, max_length=1024)
+    validation: list[DataSource] = Field(min_length=1, max_length=1024)
 
 
 class Topology(_Strict):
-    num_nodes: PositiveInt
-    gpus_per_node: PositiveInt
-    gpu_variant: str = Field(min_length=1)
+    num_nodes: Nodes
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    gpu_variant: str = Field(min_length=1, max_length=32, pattern=LABEL)
 
 
 class RolePlan(_Strict):
     """Every field is explicit. `ref_num_nodes: 0` means the reference shares the policy's GPUs."""
 
     colocate_all: bool
-    policy_num_nodes: PositiveInt
-    policy_num_gpus_per_node: PositiveInt
-    ref_num_nodes: NonNegativeInt
-    num_inference_engines: PositiveInt
-    inference_engine_tensor_parallel_size: PositiveInt
-    inference_engine_pipeline_parallel_size: PositiveInt
-    inference_engine_data_parallel_size: PositiveInt
-    inference_engine_expert_parallel_size: PositiveInt
-    train_batch_size: PositiveInt
-    policy_mini_batch_size: PositiveInt
-    micro_train_batch_size_per_gpu: PositiveInt
-    n_samples_per_prompt: PositiveInt
+    policy_num_nodes: Nodes
+    policy_num_gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    ref_num_nodes: int = Field(ge=0, le=MAX_NODES)
+    num_inference_engines: int = Field(ge=1, le=MAX_ENGINES)
+    inference_engine_tensor_parallel_size: Parallel
+    inference_engine_pipeline_parallel_size: Parallel
+    inference_engine_data_parallel_size: Parallel
+    inference_engine_expert_parallel_size: Parallel
+    train_batch_size: Batch
+    policy_mini_batch_size: Batch
+    micro_train_batch_size_per_gpu: Batch
+    n_samples_per_prompt: int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT)
 
 
 class Retention(_Strict):
     resume_checkpoint_count: int = Field(ge=1, le=5)
-    temporary_storage_ttl_days: PositiveInt
+    temporary_storage_ttl_days: int = Field(ge=1, le=3650)
+
+
+def size_bytes(value: str) -> int:
+    """Bytes of a size like '512GB' or '64GiB'; ValueError naming the accepted forms otherwise."""
+    match = SIZE_PATTERN.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+    return int(float(match[1]) * SIZE_UNITS[match[3]])
 
 
 class IrisExecution(_Strict):
     """Placement on Iris. Never part of an artifact's identity."""
 
-    cluster: str = Field(min_length=1)
-    cpu: float = Field(gt=0)
+    cluster: str = Field(min_length=1, max_length=63, pattern=LABEL)
+    cpu: float = Field(gt=0, le=1024)
     memory: str
     disk: str
     priority: Literal["production", "interactive", "batch"] = "interactive"
-    max_retries: NonNegativeInt = 1
+    max_retries: int = Field(1, ge=0, le=100)
 
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     @field_validator("memory", "disk")
     @classmethod
     def _size(cls, value: str) -> str:
-        if not SIZE_PATTERN.match(value.strip()):
-            raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+        size = size_bytes(value)
+        if not 0 < size <= MAX_SIZE_BYTES:
+            raise ValueError(f"{value!r} is not a size a node has; give more than 0 and at most 1PB")
         return value.strip()
 
 
@@ -105,8 +147,8 @@ class Execution(_Strict):
 
 
 class Experiment(_Strict):
-    name: str
-    seed: NonNegativeInt
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    seed: int = Field(ge=0, le=MAX_SEED)
     runtime: Runtime
     model: Model
     data: Data
@@ -154,24 +196,23 @@ def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:
 
 
 def load_experiment(path: Path) -> Experiment:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise PreflightError(
-            str(path), [Violation("experiment", "file not found", "create it or pick one in config/experiments/")]
-        ) from None
-    except yaml.YAMLError as exc:
-        raise PreflightError(str(path), [Violation("<file>", f"is not valid YAML: {exc}")]) from None
-    return parse_experiment(raw, str(path))
+    return parse_experiment(load_yaml(path, "experiment"), str(path))
 
 
 def check_version(version: str) -> list[Violation]:
-    if VERSION_PATTERN.match(version):
+    """A version is `dev` or a real calendar date YYYY.MM.DD with an optional .N (N up to 9999)."""
+    if version == MUTABLE_VERSION:
         return []
-    return [
-        Violation(
-            "version",
-            f"{version!r} is not a calendar version",
-            "use YYYY.MM.DD or YYYY.MM.DD.N for an immutable run (e.g. 2026.09.21), or 'dev' while iterating",
-        )
-    ]
+    fix = "use YYYY.MM.DD or YYYY.MM.DD.N for an immutable run (e.g. 2026.09.21), or 'dev' while iterating"
+    match = CALENDAR_VERSION.match(version)
+    if not match:
+        return [Violation("version", f"{_short(version)} is not a calendar version", fix)]
+    try:
+        date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError as exc:
+        return [Violation("version", f"{version!r} is not a date ({exc})", fix)]
+    return []
+
+
+def _short(value: str, limit: int = 40) -> str:
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} characters)"

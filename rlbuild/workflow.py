@@ -6,6 +6,7 @@ Kept free of heavy imports (no torch, no ray): it runs on every `snakemake` invo
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
-from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError
+from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.plan import Plan
 from rlbuild.planview import format_plan
 from rlbuild.preflight import check_experiment
@@ -138,10 +139,17 @@ def _export_s3_settings(workflow: Any) -> None:
 
 
 def experiment_file(repo: Path, selector: str) -> Path:
-    """`experiment: <name>` selects config/experiments/<name>.yaml; a path to a .yaml file is used as given."""
-    if selector.endswith((".yaml", ".yml")):
+    """`experiment: <name>` selects config/experiments/<name>.yaml; a path (to a .yaml file) is used as given."""
+    if selector.endswith((".yaml", ".yml")) or "/" in selector or Path(selector).exists():
         return Path(selector).resolve()
-    return repo / "config" / "experiments" / f"{selector}.yaml"
+    folder = repo / "config" / "experiments"
+    path = folder / f"{selector}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        close = difflib.get_close_matches(selector, known, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else f"known experiments: {', '.join(known)}"
+        raise PreflightError("config.experiment", [Violation("experiment", f"{selector!r} names no file {path}", fix)])
+    return path
 
 
 @dataclass

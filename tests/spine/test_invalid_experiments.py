@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlbuild.cli import main
+from rlbuild.errors import PreflightError
+from rlbuild.workflow import workflow_config
 from tests.spine.experiments import DELETE, experiment, write
 
 RP = "role_plan__"
@@ -25,19 +28,19 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "nodes-zero",
         {"topology__num_nodes": 0},
         "dev",
-        [("topology.num_nodes", "Input should be greater than 0 (got 0)")],
+        [("topology.num_nodes", "Input should be greater than or equal to 1 (got 0)")],
     ),
     (
         "gpus-negative",
         {"topology__gpus_per_node": -8},
         "dev",
-        [("topology.gpus_per_node", "Input should be greater than 0 (got -8)")],
+        [("topology.gpus_per_node", "Input should be greater than or equal to 1 (got -8)")],
     ),
     (
         "policy-nodes-zero",
         {RP + "policy_num_nodes": 0},
         "dev",
-        [("role_plan.policy_num_nodes", "Input should be greater than 0 (got 0)")],
+        [("role_plan.policy_num_nodes", "Input should be greater than or equal to 1 (got 0)")],
     ),
     (
         "ref-negative",
@@ -195,7 +198,7 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "retention-ttl-zero",
         {"retention__temporary_storage_ttl_days": 0},
         "dev",
-        [("retention.temporary_storage_ttl_days", "Input should be greater than 0 (got 0)")],
+        [("retention.temporary_storage_ttl_days", "Input should be greater than or equal to 1 (got 0)")],
     ),
     ("name-not-a-segment", {"name": "../etc"}, "dev", [("name", "Value error, '../etc' is not a path segment")]),
     (
@@ -282,6 +285,263 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "dev",
         [("recipe.trainer.logger", "'wandb' needs WANDB_API_KEY in the submitting environment")],
     ),
+    # Numbers out of the range every consumer accepts (checks cost nothing whatever the magnitude).
+    (
+        "seed-overflows-generators",
+        {"seed": 2**64},
+        "dev",
+        [("seed", "Input should be less than or equal to 4294967295")],
+    ),
+    ("seed-negative", {"seed": -1}, "dev", [("seed", "Input should be greater than or equal to 0 (got -1)")]),
+    ("seed-fraction", {"seed": 2.5}, "dev", [("seed", "Input should be a valid integer (got 2.5)")]),
+    ("seed-boolean", {"seed": True}, "dev", [("seed", "Input should be a valid integer (got True)")]),
+    ("name-too-long", {"name": "a" * 300}, "dev", [("name", "String should have at most 63 characters")]),
+    ("name-upper-case", {"name": "Tiny"}, "dev", [("name", "Value error, 'Tiny' is not a path segment")]),
+    ("name-empty", {"name": ""}, "dev", [("name", "String should have at least 1 character")]),
+    (
+        "gpus-per-node-huge",
+        {"topology__gpus_per_node": 1000},
+        "dev",
+        [("topology.gpus_per_node", "Input should be less than or equal to 64 (got 1000)")],
+    ),
+    (
+        "nodes-huge",
+        {"topology__num_nodes": 10**9},
+        "dev",
+        [("topology.num_nodes", "Input should be less than or equal to 4096 (got 1000000000)")],
+    ),
+    (
+        "gpu-variant-with-space",
+        {"topology__gpu_variant": "H100 x8"},
+        "dev",
+        [("topology.gpu_variant", "String should match pattern")],
+    ),
+    (
+        "train-batch-astronomical",
+        {RP + "train_batch_size": 1000000000001},
+        "dev",
+        [("role_plan.train_batch_size", "Input should be less than or equal to 1048576 (got 1000000000001)")],
+    ),
+    (
+        "samples-huge",
+        {RP + "n_samples_per_prompt": 100000},
+        "dev",
+        [("role_plan.n_samples_per_prompt", "Input should be less than or equal to 4096 (got 100000)")],
+    ),
+    (
+        "tp-zero",
+        {RP + "inference_engine_tensor_parallel_size": 0},
+        "dev",
+        [("role_plan.inference_engine_tensor_parallel_size", "Input should be greater than or equal to 1 (got 0)")],
+    ),
+    (
+        "ttl-a-century",
+        {"retention__temporary_storage_ttl_days": 100000},
+        "dev",
+        [("retention.temporary_storage_ttl_days", "Input should be less than or equal to 3650 (got 100000)")],
+    ),
+    # Sources.
+    ("model-source-empty", {"model__source": ""}, "dev", [("model.source", "String should have at least 1 character")]),
+    (
+        "model-source-huge",
+        {"model__source": "local:" + "x" * 2000},
+        "dev",
+        [("model.source", "String should have at most 1024 characters")],
+    ),
+    ("revision-a-list", {"model__revision": ["a"]}, "dev", [("model.revision", "Input should be a valid string")]),
+    ("no-train-data", {"data__train": []}, "dev", [("data.train", "List should have at least 1 item")]),
+    ("no-validation-data", {"data__validation": DELETE}, "dev", [("data.validation", "is required")]),
+    (
+        "artifact-rule-typo",
+        {"model__tokenizer__source": "artifact:base_modle"},
+        "dev",
+        [("model.tokenizer.source", "source artifact:base_modle: no rule of the graph named 'base_modle'")],
+    ),
+    (
+        "hf-without-name",
+        {"data__train": [{"source": "hf:acme", "revision": "a" * 40}]},
+        "dev",
+        [("data.train.0.source", "source 'hf:acme' is not hf:<org>/<name>")],
+    ),
+    (
+        "local-path-missing",
+        {"data__train": [{"source": "local:/no/such/rows.jsonl", "revision": "v1"}]},
+        "dev",
+        [("data.train.0.source", "source local:/no/such/rows.jsonl: path /no/such/rows.jsonl does not exist")],
+    ),
+    (
+        "task-without-split",
+        {"data__train": [{"source": "task:addition", "revision": "seed-0"}]},
+        "dev",
+        [("data.train.0.source", "source 'task:addition' is not task:<task>/<split>")],
+    ),
+    # Placement.
+    (
+        "cpu-astronomical",
+        {"execution__iris__cpu": 1e9},
+        "dev",
+        [("execution.iris.cpu", "Input should be less than or equal to 1024 (got 1000000000.0)")],
+    ),
+    (
+        "memory-zero",
+        {"execution__iris__memory": "0GB"},
+        "dev",
+        [("execution.iris.memory", "Value error, '0GB' is not a size a node has")],
+    ),
+    (
+        "disk-negative",
+        {"execution__iris__disk": "-5GB"},
+        "dev",
+        [("execution.iris.disk", "Value error, '-5GB' is not a size")],
+    ),
+    (
+        "retries-negative",
+        {"execution__iris__max_retries": -1},
+        "dev",
+        [("execution.iris.max_retries", "Input should be greater than or equal to 0 (got -1)")],
+    ),
+    (
+        "cluster-with-space",
+        {"execution__iris__cluster": "my cluster"},
+        "dev",
+        [("execution.iris.cluster", "String should match pattern")],
+    ),
+    ("execution-typo", {"execution__iriss": {}}, "dev", [("execution.iriss", "unknown key")]),
+    (
+        "cpu-as-string",
+        {"execution__iris__cpu": "4"},
+        "dev",
+        [("execution.iris.cpu", "Input should be a valid number (got '4')")],
+    ),
+    # Recipe values typed as the recipe declares them.
+    (
+        "eval-interval-word",
+        {"recipe": {"trainer": {"eval_interval": "often"}}},
+        "dev",
+        [("recipe.trainer.eval_interval", "Input should be a valid integer (got 'often')")],
+    ),
+    (
+        "max-steps-fraction",
+        {"recipe": {"trainer": {"max_steps": 2.5}}},
+        "dev",
+        [("recipe.trainer.max_steps", "Input should be a valid integer (got 2.5)")],
+    ),
+    (
+        "max-steps-astronomical",
+        {"recipe": {"trainer": {"max_steps": 10**12}}},
+        "dev",
+        [("recipe.trainer.max_steps", "Input should be less than or equal to 10000000")],
+    ),
+    (
+        "forward-batch-zero",
+        {"recipe": {"trainer": {"micro_forward_batch_size_per_gpu": 0}}},
+        "dev",
+        [("recipe.trainer.micro_forward_batch_size_per_gpu", "Input should be greater than or equal to 1 (got 0)")],
+    ),
+    (
+        "threads-zero",
+        {"recipe": {"trainer": {"num_threads": 0}}},
+        "dev",
+        [("recipe.trainer.num_threads", "Input should be greater than or equal to 1 (got 0)")],
+    ),
+    (
+        "lr-zero",
+        {"recipe": {"trainer": {"policy": {"optimizer_config": {"lr": 0.0}}}}},
+        "dev",
+        [("recipe.trainer.policy.optimizer_config.lr", "Input should be greater than 0 (got 0.0)")],
+    ),
+    (
+        "lr-a-word",
+        {"recipe": {"trainer": {"policy": {"optimizer_config": {"lr": "fast"}}}}},
+        "dev",
+        [("recipe.trainer.policy.optimizer_config.lr", "Input should be a valid number (got 'fast')")],
+    ),
+    (
+        "lr-typo",
+        {"recipe": {"trainer": {"policy": {"optimizer_config": {"lrr": 0.1}}}}},
+        "dev",
+        [("recipe.trainer.policy.optimizer_config.lrr", "unknown key")],
+    ),
+    (
+        "betas-one-value",
+        {"recipe": {"trainer": {"policy": {"optimizer_config": {"adam_betas": [0.9]}}}}},
+        "dev",
+        [("recipe.trainer.policy.optimizer_config.adam_betas", "List should have at least 2 items")],
+    ),
+    (
+        "beta-above-one",
+        {"recipe": {"trainer": {"policy": {"optimizer_config": {"adam_betas": [0.9, 1.5]}}}}},
+        "dev",
+        [("recipe.trainer.policy.optimizer_config.adam_betas.1", "Input should be less than 1 (got 1.5)")],
+    ),
+    (
+        "top-p-zero",
+        {"recipe": {"generator": {"sampling_params": {"top_p": 0.0}}}},
+        "dev",
+        [("recipe.generator.sampling_params.top_p", "Input should be greater than 0 (got 0.0)")],
+    ),
+    (
+        "top-k-negative",
+        {"recipe": {"generator": {"sampling_params": {"top_k": -5}}}},
+        "dev",
+        [("recipe.generator.sampling_params.top_k", "Input should be greater than or equal to -1 (got -5)")],
+    ),
+    (
+        "backend-unknown",
+        {"recipe": {"generator": {"backend": "sglang"}}},
+        "dev",
+        [("recipe.generator.backend", "Input should be 'auto', 'vllm' or 'torch' (got 'sglang')")],
+    ),
+    (
+        "env-class-empty",
+        {"recipe": {"environment": {"env_class": ""}}},
+        "dev",
+        [("recipe.environment.env_class", "String should have at least 1 character")],
+    ),
+    (
+        "trainer-section-a-list",
+        {"recipe": {"trainer": [1, 2]}},
+        "dev",
+        [("recipe.trainer", "Input should be a valid dictionary or instance of TrainerSection")],
+    ),
+    ("recipe-a-string", {"recipe": "fast"}, "dev", [("recipe", "Input should be a valid dictionary (got 'fast')")]),
+    (
+        "interpolation",
+        {"recipe": {"trainer": {"project_name": "${oc.env:HOME}"}}},
+        "dev",
+        [("recipe.trainer.project_name", "interpolation (${...}) is not supported")],
+    ),
+    (
+        "kl-coefficient-negative",
+        {"recipe": {"trainer": {"algorithm": {"kl_loss_coef": -0.1}}}},
+        "dev",
+        [("recipe.trainer.algorithm.kl_loss_coef", "Input should be greater than or equal to 0 (got -0.1)")],
+    ),
+    (
+        "clip-above-one",
+        {"recipe": {"trainer": {"algorithm": {"eps_clip_high": 1.5}}}},
+        "dev",
+        [("recipe.trainer.algorithm.eps_clip_high", "Input should be less than 1 (got 1.5)")],
+    ),
+    (
+        "resume-path-without-step",
+        {"recipe": {"trainer": {"resume_mode": "from_path", "resume_path": "/ckpt"}}},
+        "dev",
+        [("recipe.trainer.resume_path", "resume_mode=from_path needs a global_step_N folder")],
+    ),
+    # Versions: real calendar dates, bounded suffixes.
+    ("version-month-13", {}, "2026.13.40", [("version", "'2026.13.40' is not a date (month must be in 1..12)")]),
+    ("version-february-30", {}, "2026.02.30", [("version", "'2026.02.30' is not a date (day is out of range")]),
+    ("version-huge-suffix", {}, "2026.09.21." + "9" * 300, [("version", "'2026.09.21.99999")]),
+    (
+        "version-five-digit-suffix",
+        {},
+        "2026.09.21.12345",
+        [("version", "'2026.09.21.12345' is not a calendar version")],
+    ),
+    ("version-dev-suffix", {}, "dev2", [("version", "'dev2' is not a calendar version")]),
+    ("version-empty", {}, "", [("version", "'' is not a calendar version")]),
+    ("version-shell", {}, "2026.09.21;rm -rf x", [("version", "'2026.09.21;rm -rf x' is not a calendar version")]),
     ("version-not-calendar", {}, "v1", [("version", "'v1' is not a calendar version")]),
     ("version-bad-date", {}, "2026.9.21", [("version", "'2026.9.21' is not a calendar version")]),
 ]
@@ -299,8 +559,17 @@ def test_invalid_experiment_is_refused_with_its_exact_errors(
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     path = write(tmp_path, experiment(**changes))
-    storage = tmp_path / "storage"
+    assert_refused(path, version, expected, tmp_path / "storage", capsys)
+
+
+def assert_refused(
+    path: Path, version: str, expected: list[tuple[str, str]], storage: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rlbuild check` refuses `path` with exactly the `expected` (field, message start) errors, each with a fix,
+    quickly whatever the numbers in it, and writes nothing."""
+    started = time.monotonic()
     code = main(["check", str(path), "--version", version, "--storage-root", str(storage), "--json"])
+    assert time.monotonic() - started < 5  # generous on a loaded machine; a magnitude-sized loop takes minutes
     report = json.loads(capsys.readouterr().out)
     assert code == 2
     assert report["ok"] is False
@@ -312,8 +581,69 @@ def test_invalid_experiment_is_refused_with_its_exact_errors(
     assert not storage.exists(), "a refused experiment must write nothing to storage"
 
 
-def test_there_are_at_least_thirty_cases() -> None:
-    assert len(CASES) >= 30
+# (id, the file's bytes, [(field, message start)]): problems with the file itself.
+FILE_CASES: list[tuple[str, bytes, list[tuple[str, str]]]] = [
+    ("duplicate-key", b"name: a\nseed: 1\nseed: 2\n", [("experiment", "key 'seed' is given twice (lines 2 and 3)")]),
+    ("not-utf8", b"name: caf\xe9\n", [("experiment", "is not UTF-8 text (byte 0xe9 on line 1)")]),
+    ("empty", b"\n  \n", [("experiment", "is empty")]),
+    ("a-list", b"- name: a\n", [("<root>", "must be a mapping of the experiment's fields")]),
+    ("unclosed-bracket", b"name: [a\n", [("experiment", "is not valid YAML at line 2")]),
+    ("tab-indented", b"role_plan:\n\tcolocate_all: true\n", [("experiment", "is not valid YAML at line 2")]),
+]
+
+
+@pytest.mark.parametrize(("content", "expected"), [c[1:] for c in FILE_CASES], ids=[c[0] for c in FILE_CASES])
+def test_a_bad_file_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, expected: list[tuple[str, str]]
+) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(content)
+    assert_refused(path, "dev", expected, tmp_path / "storage", capsys)
+
+
+def test_a_directory_or_a_missing_file_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_refused(tmp_path, "dev", [("experiment", f"{tmp_path} is a directory")], tmp_path / "s", capsys)
+    missing = tmp_path / "nope.yaml"
+    assert_refused(missing, "dev", [("experiment", "file not found")], tmp_path / "s", capsys)
+
+
+def test_a_secret_in_an_experiment_is_refused_without_printing_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "wandb-0123456789abcdef-secret"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    path = write(tmp_path, experiment(recipe={"trainer": {"project_name": f"team-{secret}"}}))
+    expected = [("recipe.trainer.project_name", "holds the value of the secret environment variable WANDB_API_KEY")]
+    code = main(["check", str(path), "--version", "dev", "--storage-root", str(tmp_path / "s")])
+    captured = capsys.readouterr()
+    assert code == 2 and secret not in captured.out + captured.err
+    assert_refused(path, "dev", expected, tmp_path / "s", capsys)
+
+
+# (id, workflow config, field, message start): `--config` and config/config.yaml.
+CONFIG_CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    ("key-typo", {"verions": ["2026.09.21"]}, "config.verions", "unknown key"),
+    ("no-versions", {"versions": []}, "config.versions", "List should have at least 1 item"),
+    ("version-not-a-date", {"versions": ["2026.13.40"]}, "config.versions[0]", "'2026.13.40' is not a date"),
+    ("empty-storage-root", {"storage_root": ""}, "config.storage_root", "String should have at least 1 character"),
+    ("retrain-maybe", {"allow_retrain": "maybe"}, "config.allow_retrain", "Input should be a valid boolean"),
+    ("experiment-a-number", {"experiment": 5}, "config.experiment", "Input should be a valid string"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"), [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES]
+)
+def test_a_bad_workflow_config_is_refused_naming_the_key(change: dict[str, Any], field: str, message: str) -> None:
+    config = {"experiment": "tiny-addition", "versions": ["2026.09.21"], "storage_root": "results", **change}
+    with pytest.raises(PreflightError) as info:
+        workflow_config(config)
+    (violation,) = info.value.violations
+    assert violation.field == field and violation.message.startswith(message), violation
+
+
+def test_there_are_at_least_eighty_bad_inputs() -> None:
+    assert len(CASES) + len(FILE_CASES) + len(CONFIG_CASES) + 3 >= 80
 
 
 def test_every_violation_says_how_to_fix_role_plan_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
