@@ -47,6 +47,15 @@ localrules:
 
 onstart:
     GRAPH.guard_retraining(workflow.dag.needrun_jobs())
+    GRAPH.take_leases(workflow.dag.needrun_jobs())
+
+
+onsuccess:
+    GRAPH.release_leases()
+
+
+onerror:
+    GRAPH.release_leases()
 
 
 rule all:

@@ -31,8 +31,9 @@ class Artifact:
         return f"{folder}/{self.output}" if self.output else folder
 
     def record(self, version: str = "{version}") -> str:
-        """Where the identity record lives; written last, so its presence means the artifact is complete."""
-        return f"{self.version_folder(version)}/{RECORD_NAME}"
+        """Where the identity record lives: beside the version folder, never inside a directory output, so that
+        it is uploaded after the whole artifact (rules declare it last) and its presence means complete."""
+        return f"{self.version_folder(version)}.{RECORD_NAME}"
 
     @property
     def is_directory(self) -> bool:

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from rlbuild import storage
-from rlbuild.artifacts import RECORD_NAME
 from rlbuild.errors import PreflightError, RlbuildError
 from rlbuild.identity import derived_record
 from rlbuild.jobenv import ALLOW_RETRAIN
@@ -45,12 +44,12 @@ def _trainer(*argv: str) -> int:
     return subprocess.run([sys.executable, "-m", "trainer", *argv], check=False).returncode
 
 
-def _derived(launch_path: str, kind: str) -> dict:
+def _derived(launch_record: str, kind: str) -> dict:
     """The record of a kind built from the launch document, from the launch's own stored record."""
-    launch_record = storage.read_json(str(Path(launch_path).parent / RECORD_NAME))
-    if launch_record is None:
-        raise RlbuildError(f"{Path(launch_path).parent / RECORD_NAME} is missing; rerun the resolve_launch rule")
-    return derived_record(launch_record, kind)
+    record = storage.read_json(launch_record)
+    if record is None:
+        raise RlbuildError(f"{launch_record} is missing; rerun the resolve_launch rule")
+    return derived_record(record, kind)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -82,7 +81,7 @@ def cmd_base_model(args: argparse.Namespace) -> int:
     out = Path(args.out)
     code = _trainer("base-model", "--out", str(out), "--seed", str(plan.experiment.seed))
     if code == 0:
-        _write_record(out / RECORD_NAME, plan.records["base_model"])
+        _write_record(Path(args.record), plan.records["base_model"])
     return code
 
 
@@ -100,7 +99,7 @@ def cmd_stage_model(args: argparse.Namespace) -> int:
         out,
         artifact_dirs=artifacts,
     )
-    _write_record(out / RECORD_NAME, plan.records["stage_model"])
+    _write_record(Path(args.record), plan.records["stage_model"])
     return 0
 
 
@@ -116,7 +115,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         [parse_source(d.source, d.revision) for d in data.validation],
         out,
     )
-    _write_record(out / RECORD_NAME, plan.records["stage_data"])
+    _write_record(Path(args.record), plan.records["stage_data"])
     return 0
 
 
@@ -138,14 +137,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         command.append("--allow-retrain")
     code = run_logged(command, launch.artifacts.attempts_root)
     if code == 0:
-        _write_record(Path(args.record), _derived(args.launch, "train"))
+        _write_record(Path(args.record), _derived(args.launch_record, "train"))
     return code
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     code = _trainer("export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out)
     if code == 0:
-        _write_record(Path(args.out) / RECORD_NAME, _derived(args.launch, "export"))
+        _write_record(Path(args.record), _derived(args.launch_record, "export"))
     return code
 
 
@@ -157,7 +156,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out)
     validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
     run_eval(Path(args.model), validation, launch, out, k=args.k)
-    _write_record(out / RECORD_NAME, _derived(args.launch, "eval"))
+    _write_record(Path(args.record), _derived(args.launch_record, "eval"))
     return 0
 
 
@@ -190,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         _experiment_args(p)
         p.add_argument("--out", required=True)
+        p.add_argument("--record", required=True, help="where the identity record goes (written last)")
         if name == "stage-model":
             p.add_argument("--base-model", help="folder made by the base_model rule, for artifact:base_model")
         p.set_defaults(func=func)
@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="run the trainer, then write the train identity record")
     train.add_argument("--launch", required=True)
+    train.add_argument("--launch-record", required=True)
     train.add_argument("--terminal", required=True)
     train.add_argument("--record", required=True)
     train.add_argument("--allow-retrain", action="store_true", help="retrain a fixed version's completed run")
@@ -210,15 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="export the terminal checkpoint as a Hugging Face folder")
     export.add_argument("--launch", required=True)
+    export.add_argument("--launch-record", required=True)
     export.add_argument("--terminal", required=True)
     export.add_argument("--out", required=True)
+    export.add_argument("--record", required=True)
     export.set_defaults(func=cmd_export)
 
     evaluate = sub.add_parser("eval", help="score the export on the validation set; write results and plots")
     evaluate.add_argument("--launch", required=True)
+    evaluate.add_argument("--launch-record", required=True)
     evaluate.add_argument("--model", required=True)
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--out", required=True)
+    evaluate.add_argument("--record", required=True)
     evaluate.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k")
     evaluate.set_defaults(func=cmd_eval)
     return parser

@@ -19,16 +19,14 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from rlbuild import storage
-from rlbuild.artifacts import RECORD_NAME
 from rlbuild.errors import RlbuildError
 
 if TYPE_CHECKING:
     from rlbuild.launch import LaunchDocument
 
 MANIFEST = "manifest.json"
-# Files a manifest does not cover: itself, the record (written after it) and the marker Snakemake puts into
-# every directory output.
-UNMANIFESTED = frozenset({MANIFEST, RECORD_NAME, ".snakemake_timestamp"})
+# Files a manifest does not cover: itself and the marker Snakemake puts into every directory output.
+UNMANIFESTED = frozenset({MANIFEST, ".snakemake_timestamp"})
 _CHUNK = 1 << 20
 
 

@@ -8,6 +8,7 @@ process umask allows, like any other file the user writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,13 @@ import fsspec
 from rlbuild.errors import RlbuildError
 
 S3 = "s3://"
+
+
+# Every S3 call waits a bounded time: a stalled or unreachable endpoint is an error within about
+# CONNECT_TIMEOUT_S + READ_TIMEOUT_S per attempt, times S3_ATTEMPTS (with backoff), never a hang.
+CONNECT_TIMEOUT_S = 10
+READ_TIMEOUT_S = 60
+S3_ATTEMPTS = 4
 
 
 class StorageError(RlbuildError):
@@ -41,22 +49,123 @@ def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         if "://" in uri:
             raise StorageError(f"storage URI {uri!r}: only local paths and s3:// URIs are supported")
         return fsspec.filesystem("file"), uri
-    env = os.environ
-    client_kwargs = {}
-    if env.get("SNAKEMAKE_STORAGE_S3_REGION"):
-        client_kwargs["region_name"] = env["SNAKEMAKE_STORAGE_S3_REGION"]
+    settings = _s3_settings()
     # No listing or instance cache: a verification must see storage as it is now.
     fs = fsspec.filesystem(
         "s3",
-        endpoint_url=env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
-        key=env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,
-        secret=env.get("SNAKEMAKE_STORAGE_S3_SECRET_KEY") or None,
-        token=env.get("SNAKEMAKE_STORAGE_S3_TOKEN") or None,
-        client_kwargs=client_kwargs,
+        endpoint_url=settings["endpoint_url"],
+        key=settings["aws_access_key_id"],
+        secret=settings["aws_secret_access_key"],
+        token=settings["aws_session_token"],
+        client_kwargs={"region_name": settings["region_name"]} if settings["region_name"] else {},
+        config_kwargs=_s3_timeouts(),
         skip_instance_cache=True,
         use_listings_cache=False,
     )
     return fs, uri.removeprefix(S3)
+
+
+def _s3_settings() -> dict[str, str | None]:
+    env = os.environ
+    return {
+        "endpoint_url": env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
+        "aws_access_key_id": env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,
+        "aws_secret_access_key": env.get("SNAKEMAKE_STORAGE_S3_SECRET_KEY") or None,
+        "aws_session_token": env.get("SNAKEMAKE_STORAGE_S3_TOKEN") or None,
+        "region_name": env.get("SNAKEMAKE_STORAGE_S3_REGION") or None,
+    }
+
+
+def _s3_timeouts() -> dict[str, Any]:
+    return {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "read_timeout": READ_TIMEOUT_S,
+        "retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"},
+    }
+
+
+def s3_client() -> Any:
+    """A boto3 client for what fsspec does not offer (conditional writes), with the same settings and timeouts."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(**_s3_timeouts()), **_s3_settings())
+
+
+def _bucket_key(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix(S3).partition("/")
+    return bucket, key
+
+
+def _precondition_failed(error: Exception) -> bool:
+    code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+def create_exclusive(uri: str, text: str) -> bool:
+    """Create the object only if nothing is there (S3 `If-None-Match: *`; a hard link locally); False if it exists."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _bucket_key(uri)
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+        except ClientError as error:
+            if _precondition_failed(error):
+                return False
+            raise
+        return True
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)  # atomic, and fails if the name exists: the whole content or nothing
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def read_tagged(uri: str) -> tuple[str, str] | None:
+    """(content, tag) where the tag changes whenever the object does (S3: its ETag); None if absent."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _bucket_key(uri)
+        try:
+            response = s3_client().get_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        return response["Body"].read().decode(), response["ETag"]
+    text = read_text(uri)
+    return None if text is None else (text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def replace_if(uri: str, text: str, tag: str) -> str | None:
+    """Overwrite the object only if it still has `tag`; the new tag, or None if someone else changed it.
+
+    S3 checks the ETag itself (`If-Match`); a local file is compared, then replaced atomically (two writers on one
+    filesystem within the same millisecond can both win: local leases guard against people, not races)."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _bucket_key(uri)
+        try:
+            response = s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfMatch=tag)
+        except ClientError as error:
+            if _precondition_failed(error) or error.response.get("Error", {}).get("Code") == "NoSuchKey":
+                return None
+            raise
+        return str(response["ETag"])
+    current = read_tagged(uri)
+    if current is None or current[1] != tag:
+        return None
+    write_text(uri, text)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def join(root: str, *parts: str) -> str:

@@ -6,6 +6,7 @@ Kept free of heavy imports (no torch, no ray): it runs on every `snakemake` invo
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
 import re
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
+from rlbuild.lease import Leases, describe, held_leases, lease_uri
 from rlbuild.plan import Plan
 from rlbuild.planview import format_plan
 from rlbuild.preflight import check_experiment
@@ -28,6 +30,7 @@ from rlbuild.storage import join
 from rlbuild.validation import violations
 from rlbuild.versioning import StoredRecords, checked_plan
 
+RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
 # Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
 TRAIN_AND_UPSTREAM = {a.rule for a in ARTIFACTS[: [a.kind for a in ARTIFACTS].index("train") + 1]}
 
@@ -162,6 +165,8 @@ class Graph:
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
+    leases: Leases | None = field(default=None, init=False)
+    _held: dict[str, dict[str, Any]] | None = field(default=None, init=False)
     _plans: dict[str, Plan] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -194,6 +199,9 @@ class Graph:
             self._plans[version] = plan
             if self.announce:
                 print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)
+                for key, holder in self.leases_now().items():
+                    if key.endswith(f"/v{version}"):
+                        print(f"  lease held     {key}: {describe(holder)}", file=sys.stderr)
         return self._plans[version]
 
     def checked(self, version: str) -> Plan:
@@ -235,6 +243,35 @@ class Graph:
                 version = job.wildcards_dict["version"]
                 if self._retrain_refused(self.plan(version)):
                     fail(retrain_refused(version, "a rerun this invocation scheduled"))
+
+    def leases_now(self) -> dict[str, dict[str, Any]]:
+        """The leases held under this experiment when the graph was built (listed once)."""
+        if self._held is None:
+            self._held = held_leases(self.experiment_root)
+        return self._held
+
+    def take_leases(self, jobs: Any) -> None:
+        """`onstart:` take the lease of every artifact this run will build, before the first job starts; refuse
+        in one line when another run holds one (rlbuild/lease.py)."""
+        self.leases = Leases()
+        atexit.register(self.leases.release_all)
+        for job in jobs:
+            kind = RULE_KIND.get(job.rule.name)
+            if kind is None:
+                continue
+            version = job.wildcards_dict["version"]
+            uri = lease_uri(self.plan(version).experiment_root, kind, version)
+            try:
+                self.leases.acquire(uri, f"{artifact(kind).path(version)} of {self.experiment.name}")
+            except RlbuildError as error:
+                self.leases.release_all()
+                fail(error)
+        self.leases.start_heartbeat()
+
+    def release_leases(self) -> None:
+        """`onsuccess:`/`onerror:` the run is over; its artifacts' records say what it built."""
+        if self.leases is not None:
+            self.leases.release_all()
 
     def _retrain_refused(self, plan: Plan) -> bool:
         immutable = plan.version != MUTABLE_VERSION

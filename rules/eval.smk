@@ -16,5 +16,5 @@ rule eval:
         rlbuild=RLBUILD,
         out=lambda wildcards, output: str(Path(output.results).parent),
     shell:
-        "{params.rlbuild:q} eval --launch {input.launch:q} --model {input.model:q} --data {input.data:q} "
-        "--out {params.out:q} 2> {log:q}"
+        "{params.rlbuild:q} eval --launch {input.launch:q} --launch-record {input.record:q} "
+        "--model {input.model:q} --data {input.data:q} --out {params.out:q} --record {output.record:q} 2> {log:q}"

@@ -6,11 +6,12 @@ rule export:
         record=ARTIFACT["launch"].record(),
         terminal=ARTIFACT["train"].path(),
     output:
-        directory(ARTIFACT["export"].path()),
+        artifact=directory(ARTIFACT["export"].path()),
+        record=ARTIFACT["export"].record(),
     log:
         "logs/export/v{version}.log",
     params:
         rlbuild=RLBUILD,
     shell:
-        "{params.rlbuild:q} export --launch {input.launch:q} --terminal {input.terminal:q} --out {output:q} "
-        "2> {log:q}"
+        "{params.rlbuild:q} export --launch {input.launch:q} --launch-record {input.record:q} "
+        "--terminal {input.terminal:q} --out {output.artifact:q} --record {output.record:q} 2> {log:q}"

@@ -6,8 +6,8 @@ rule resolve_launch:
         data=ARTIFACT["stage_data"].path(),
     output:
         launch=ARTIFACT["launch"].path(),
-        record=ARTIFACT["launch"].record(),
         plan=report("launch/v{version}/plan.txt", category="Plan", caption="../report/plan.rst"),
+        record=ARTIFACT["launch"].record(),  # last: Snakemake uploads outputs in this order
     log:
         "logs/resolve_launch/v{version}.log",
     params:

@@ -3,21 +3,24 @@ rule base_model:
     input:
         GRAPH.marker("base_model"),
     output:
-        directory(ARTIFACT["base_model"].path()),
+        artifact=directory(ARTIFACT["base_model"].path()),
+        record=ARTIFACT["base_model"].record(),
     log:
         "logs/base_model/v{version}.log",
     params:
         rlbuild=RLBUILD,
         args=ARGS,
     shell:
-        "{params.rlbuild:q} base-model {params.args:q} --version {wildcards.version:q} --out {output:q} 2> {log:q}"
+        "{params.rlbuild:q} base-model {params.args:q} --version {wildcards.version:q} --out {output.artifact:q} "
+        "--record {output.record:q} 2> {log:q}"
 
 
 rule stage_model:
     input:
         unpack(GRAPH.stage_model_inputs),
     output:
-        directory(ARTIFACT["stage_model"].path()),
+        artifact=directory(ARTIFACT["stage_model"].path()),
+        record=ARTIFACT["stage_model"].record(),
     log:
         "logs/stage_model/v{version}.log",
     params:
@@ -28,18 +31,20 @@ rule stage_model:
         ),
     shell:
         "{params.rlbuild:q} stage-model {params.args:q} --version {wildcards.version:q} {params.base_model:q} "
-        "--out {output:q} 2> {log:q}"
+        "--out {output.artifact:q} --record {output.record:q} 2> {log:q}"
 
 
 rule stage_data:
     input:
         GRAPH.marker("stage_data"),
     output:
-        directory(ARTIFACT["stage_data"].path()),
+        artifact=directory(ARTIFACT["stage_data"].path()),
+        record=ARTIFACT["stage_data"].record(),
     log:
         "logs/stage_data/v{version}.log",
     params:
         rlbuild=RLBUILD,
         args=ARGS,
     shell:
-        "{params.rlbuild:q} stage-data {params.args:q} --version {wildcards.version:q} --out {output:q} 2> {log:q}"
+        "{params.rlbuild:q} stage-data {params.args:q} --version {wildcards.version:q} --out {output.artifact:q} "
+        "--record {output.record:q} 2> {log:q}"

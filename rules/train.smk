@@ -17,5 +17,5 @@ rule train:
     params:
         rlbuild=RLBUILD,
     shell:
-        "{params.rlbuild:q} train --launch {input.launch:q} --terminal {output.terminal:q} "
-        "--record {output.record:q} 2>&1 | tee {log:q}"
+        "{params.rlbuild:q} train --launch {input.launch:q} --launch-record {input.record:q} "
+        "--terminal {output.terminal:q} --record {output.record:q} 2>&1 | tee {log:q}"

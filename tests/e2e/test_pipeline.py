@@ -86,7 +86,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
 def test_every_artifact_kind_is_complete_with_its_identity_record(pipeline: Pipeline) -> None:
     root = pipeline.root
     for folder in ("base_model", "stage/model", "stage/data", "launch", "train", "export", "eval"):
-        record = json.loads((root / folder / f"v{VERSION}" / "identity.json").read_text())
+        record = json.loads((root / folder / f"v{VERSION}.identity.json").read_text())
         assert record["version"] == VERSION and record["identity"].startswith("tiny-addition/")
     terminal = json.loads((root / "train" / f"v{VERSION}" / "terminal.json").read_text())
     assert terminal["global_step"] == 4
@@ -142,7 +142,7 @@ def test_forcing_a_completed_fixed_version_to_retrain_is_refused_before_anything
 
 
 def test_a_rerun_trigger_cannot_retrain_a_completed_fixed_version(pipeline: Pipeline) -> None:
-    record = pipeline.root / f"launch/v{VERSION}/identity.json"
+    record = pipeline.root / f"launch/v{VERSION}.identity.json"
     terminal = pipeline.root / f"train/v{VERSION}/terminal.json"
     before, original = terminal.read_bytes(), record.read_bytes()
     # A newer input with other bytes: Snakemake's mtime trigger schedules train (the bytes are what it compares).

@@ -74,7 +74,7 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
     assert stored.inputs.model.uri == f"s3://{s3.bucket}/{prefix}/stage/model/v{VERSION}"
     terminal = json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))
     assert terminal["global_step"] == MAX_STEPS
-    assert s3.read(f"{prefix}/export/v{VERSION}/identity.json")
+    assert s3.read(f"{prefix}/export/v{VERSION}.identity.json")
     status = iris_client.job_status(JobName.from_wire(job))
     assert status.failure_count == 1
     logs = "\n".join(e.data for e in iris_client.job(JobName.from_wire(job)).logs())

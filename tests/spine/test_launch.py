@@ -19,7 +19,7 @@ def resolve_launch(tmp_path: Path, doc: dict, out: str) -> str:
     path = write(tmp_path, doc)
     folder = tmp_path / out
     args = ["resolve-launch", "--experiment", str(path), "--version", "2026.09.21", "--storage-root", "s3://bucket/p"]
-    args += ["--out", str(folder / "launch.yaml"), "--record", str(folder / "identity.json")]
+    args += ["--out", str(folder / "launch.yaml"), "--record", str(tmp_path / f"{out}.identity.json")]
     args += ["--plan", str(folder / "plan.txt")]
     assert main(args) == 0
     return (folder / "launch.yaml").read_text()
@@ -77,12 +77,26 @@ def test_placement_does_not_change_identity() -> None:
     assert changed.records["launch"]["fingerprint"] != base.records["launch"]["fingerprint"]
 
 
-def test_secret_values_never_reach_the_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secret_values_never_reach_the_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     secret = "hf_SuperSecretTokenValue123"
     monkeypatch.setenv("HF_TOKEN", secret)
-    text = resolve_launch(tmp_path, experiment(execution__iris__cluster=secret), "a")
-    assert secret not in text
-    assert "<redacted>" in text
+    path = write(tmp_path, experiment(execution__iris__cluster=secret))
+    args = ["resolve-launch", "--experiment", str(path), "--version", "2026.09.21", "--storage-root", "s3://b/p"]
+    args += [
+        "--out",
+        str(tmp_path / "launch.yaml"),
+        "--record",
+        str(tmp_path / "r.json"),
+        "--plan",
+        str(tmp_path / "p"),
+    ]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "holds the value of the secret environment variable HF_TOKEN" in captured.err
+    assert secret not in captured.out + captured.err
+    assert not (tmp_path / "launch.yaml").exists() and not (tmp_path / "r.json").exists()
 
 
 def test_the_trainer_reads_the_document_the_builder_writes(tmp_path: Path) -> None:

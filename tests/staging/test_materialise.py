@@ -26,7 +26,6 @@ def staged(tmp_path: Path) -> Path:
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(5)))
     stage_data([parse_source(f"local:{data}", "v1")], [parse_source(f"local:{data}", "v1")], root / "stage/data/v1")
     for d in ("stage/model/v1", "stage/data/v1"):
-        (root / d / "identity.json").write_text("{}")
         (root / d / ".snakemake_timestamp").write_text("")  # Snakemake's marker in directory outputs
     return root
 
@@ -98,7 +97,7 @@ def test_materialise_from_s3_then_tamper(staged: Path, tmp_path: Path, s3_env: s
     assert (paths["model"] / "model.safetensors").read_bytes() == b"weights"
     assert paths["model"] == tmp_path / f"cache/s3/{s3_env.removeprefix('s3://')}/exp/tiny/stage/model/v1"
     assert paths["train_data"][0].read_bytes() == (staged / "stage/data/v1/train/0.jsonl").read_bytes()
-    assert not (paths["model"] / "identity.json").exists()  # records are not payload
+    assert not (paths["model"] / ".snakemake_timestamp").exists()  # Snakemake's marker is not payload
 
     fs, _ = filesystem(s3_env)
     fs.pipe_file(f"{base}/stage/model/v1/model.safetensors", b"WEIGHTS")  # same size, other bytes

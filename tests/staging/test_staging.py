@@ -70,7 +70,6 @@ def test_uncached_revision_names_the_fix(hf_cache: Path, tmp_path: Path) -> None
 
 def test_stage_model_local_folder_with_separate_tokenizer(tmp_path: Path) -> None:
     model = write_model_folder(tmp_path / "model", b"W", vocab="model-vocab")
-    (model / "identity.json").write_text("{}")  # a record of the source is not payload
     tokenizer = write_model_folder(tmp_path / "tok", b"unused", vocab="tok-vocab")
     manifest = stage_model(
         parse_source(f"local:{model}", "v1"), parse_source(f"local:{tokenizer}", "t1"), tmp_path / "out"
@@ -144,8 +143,7 @@ def test_stage_data_from_task_generator(tmp_path: Path) -> None:
 def test_verify_manifest_names_every_problem(tmp_path: Path) -> None:
     staged = write_model_folder(tmp_path / "staged", b"W")
     write_manifest(staged)
-    (staged / "identity.json").write_text("{}")  # records beside the payload are allowed
-    (staged / ".snakemake_timestamp").write_text("")
+    (staged / ".snakemake_timestamp").write_text("")  # Snakemake's marker is not payload
     verify_manifest(staged)
 
     (staged / "model.safetensors").write_bytes(b"X")  # same size, other content
