@@ -8,11 +8,13 @@ process umask allows, like any other file the user writes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +25,54 @@ from rlbuild.errors import RlbuildError
 S3 = "s3://"
 
 
-# Every S3 call waits a bounded time: a stalled or unreachable endpoint is an error within about
-# CONNECT_TIMEOUT_S + READ_TIMEOUT_S per attempt, times S3_ATTEMPTS (with backoff), never a hang.
-CONNECT_TIMEOUT_S = 10
-READ_TIMEOUT_S = 60
+# Every S3 call waits a bounded time: a stalled or unreachable endpoint is a StorageUnavailableError within
+# about (connect + read timeout) x attempts plus backoff, never a hang. Defaults: 10 s + 60 s, 4 attempts
+# (about 5 minutes); RLBUILD_S3_CONNECT_TIMEOUT_S, RLBUILD_S3_READ_TIMEOUT_S and RLBUILD_S3_ATTEMPTS change them.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
 S3_ATTEMPTS = 4
 
 
 class StorageError(RlbuildError):
     """A storage location that cannot be used as given."""
+
+
+class StorageUnavailableError(StorageError):
+    """The storage endpoint did not answer within the bounded wait, or refused the connection."""
+
+
+def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
+    """S3 faults (no answer, refused connection, timeouts) become one StorageUnavailableError naming the endpoint,
+    the wait and what to do; a missing object stays what each function makes of it."""
+
+    @functools.wraps(function)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except Exception as error:
+            uri = next((a for a in args if isinstance(a, str) and is_s3(a)), None)
+            if uri is None or not _is_fault(error):
+                raise
+            endpoint = _s3_settings()["endpoint_url"] or "AWS S3"
+            timeouts = _s3_timeouts()
+            raise StorageUnavailableError(
+                f"storage at {endpoint} did not answer {function.__name__}({uri}) within "
+                f"{timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
+                f"{timeouts['retries']['max_attempts']} attempts ({type(error).__name__}: {str(error)[:200]}). "
+                "Check the endpoint and the network; completed artifacts are safe, and a rerun resumes."
+            ) from None
+
+    return call
+
+
+def _is_fault(error: BaseException) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(error, ClientError):
+        return False  # the server answered (access denied, no such bucket, ...): not an outage
+    return isinstance(error, BotoCoreError | OSError | TimeoutError)
 
 
 def is_s3(uri: str) -> bool:
@@ -77,10 +118,11 @@ def _s3_settings() -> dict[str, str | None]:
 
 
 def _s3_timeouts() -> dict[str, Any]:
+    env = os.environ
     return {
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        "read_timeout": READ_TIMEOUT_S,
-        "retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"},
+        "connect_timeout": float(env.get("RLBUILD_S3_CONNECT_TIMEOUT_S") or CONNECT_TIMEOUT_S),
+        "read_timeout": float(env.get("RLBUILD_S3_READ_TIMEOUT_S") or READ_TIMEOUT_S),
+        "retries": {"max_attempts": int(env.get("RLBUILD_S3_ATTEMPTS") or S3_ATTEMPTS), "mode": "standard"},
     }
 
 
@@ -102,6 +144,7 @@ def _precondition_failed(error: Exception) -> bool:
     return code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 
 
+@_reported
 def create_exclusive(uri: str, text: str) -> bool:
     """Create the object only if nothing is there (S3 `If-None-Match: *`; a hard link locally); False if it exists."""
     if is_s3(uri):
@@ -128,6 +171,7 @@ def create_exclusive(uri: str, text: str) -> bool:
     return True
 
 
+@_reported
 def read_tagged(uri: str) -> tuple[str, str] | None:
     """(content, tag) where the tag changes whenever the object does (S3: its ETag); None if absent."""
     if is_s3(uri):
@@ -145,6 +189,7 @@ def read_tagged(uri: str) -> tuple[str, str] | None:
     return None if text is None else (text, hashlib.sha256(text.encode()).hexdigest())
 
 
+@_reported
 def replace_if(uri: str, text: str, tag: str) -> str | None:
     """Overwrite the object only if it still has `tag`; the new tag, or None if someone else changed it.
 
@@ -173,11 +218,13 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
 
+@_reported
 def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
     return bool(fs.exists(path))
 
 
+@_reported
 def read_text(uri: str) -> str | None:
     """The whole object as text; None when it does not exist."""
     fs, path = filesystem(uri)
@@ -194,6 +241,7 @@ def read_json(uri: str) -> Any:
     return None if text is None else json.loads(text)
 
 
+@_reported
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: local files under a temporary name, then renamed; S3 in one PUT."""
     if is_s3(uri):
@@ -222,6 +270,7 @@ def write_json(uri: str, value: Any) -> None:
     write_text(uri, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
+@_reported
 def put_dir(local: Path, uri: str) -> None:
     """Copy the contents of a local folder to `uri`, replacing what is there."""
     if is_s3(uri):
@@ -236,6 +285,7 @@ def put_dir(local: Path, uri: str) -> None:
     shutil.copytree(local, target)
 
 
+@_reported
 def get_dir(uri: str, local: Path) -> Path:
     """A local copy of a stored folder (the folder itself when it is already local)."""
     if not is_s3(uri):
@@ -245,12 +295,14 @@ def get_dir(uri: str, local: Path) -> Path:
     return local
 
 
+@_reported
 def remove(uri: str) -> None:
     fs, path = filesystem(uri)
     if fs.exists(path):
         fs.rm(path, recursive=True)
 
 
+@_reported
 def list_names(uri: str) -> list[str]:
     """Names of the entries directly under `uri` (empty when it does not exist)."""
     fs, path = filesystem(uri)

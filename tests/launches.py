@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from rlbuild import storage
 from rlbuild.launch import dump_launch
 from rlbuild.plan import resolve
 from rlbuild.rows import dump_rows
@@ -92,23 +93,27 @@ def _task_file(folder: Path, task: str, split: str, seed: int) -> Path:
     return path
 
 
-def write_test_launch(tmp_path: Path, *, version: str = "dev", **changes: Any) -> Path:
-    """Stage the tiny model and task data under tmp_path, resolve the launch document, write it; returns its path."""
+def write_test_launch(tmp_path: Path, *, version: str = "dev", storage_root: str | None = None, **changes: Any) -> Path:
+    """Stage the tiny model and task data, resolve the launch document, write it under tmp_path; returns its path.
+
+    Artifacts go under `storage_root` (a local folder or s3:// URI; default: tmp_path/storage)."""
     root = Path(tmp_path).resolve()
     experiment = parse_experiment(experiment_document(root / "sources", **changes), "test experiment")
-    plan = resolve(experiment, version, str(root / "storage"))
+    plan = resolve(experiment, version, storage_root or str(root / "storage"))
     model, data = experiment.model, experiment.data
+    staged = root / "staged"
     stage_model(
         parse_source(model.source, model.revision),
         parse_source(model.tokenizer.source, model.tokenizer.revision),
-        Path(plan.launch.inputs.model.uri),
+        staged / "model",
     )
-    data_dir = Path(plan.launch.inputs.train_data[0].uri).parent.parent
     stage_data(
         [parse_source(d.source, d.revision) for d in data.train],
         [parse_source(d.source, d.revision) for d in data.validation],
-        data_dir,
+        staged / "data",
     )
+    storage.put_dir(staged / "model", plan.launch.inputs.model.uri)
+    storage.put_dir(staged / "data", plan.launch.inputs.train_data[0].uri.rsplit("/", 2)[0])
     path = root / "launch.yaml"
     path.write_text(dump_launch(plan.launch))
     return path

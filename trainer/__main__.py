@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (TrainerError, RlbuildError, OSError) as exc:
-        print(f"error: {type(exc).__name__}: {redact_text(str(exc))}", file=sys.stderr)
+        # A failure inside a Ray actor arrives wrapped in a RayTaskError whose text is a remote traceback.
+        cause = getattr(exc, "cause", None) or exc
+        print(f"error: {type(cause).__name__}: {redact_text(str(cause))}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,98 @@
+"""Storage faults, through a proxy on loopback that stalls or drops chosen S3 requests: a run fails within a
+bounded time (or succeeds), no half-written artifact ever reads as complete, and a rerun completes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlbuild import checkpoints, storage
+from rlbuild.launch import load_launch
+from tests.conftest import S3Server, run_snakemake
+from tests.e2e.test_pipeline import VERSION, small_experiment
+from tests.faults import Fault, s3_proxy
+from tests.launches import write_test_launch
+from tests.spine.test_graph import job_counts
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _keys(server: S3Server, bucket: str, prefix: str) -> set[str]:
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=server.endpoint, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+    )
+    return {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
+
+
+def test_a_dropped_upload_leaves_no_complete_looking_artifact_and_a_rerun_completes(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    bucket = s3_server.new_bucket()
+    experiment = small_experiment(tmp_path)
+    target = f"stage/model/v{VERSION}"
+    args = ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/p"]
+    args += ["--storage-s3-retries", "2", "--config", f"experiment={experiment}", "--", target]
+    with s3_proxy(s3_server.endpoint) as proxy:
+        # The third file of the staged model never arrives: its connection is dropped, again and again.
+        proxy.fault = Fault("PUT", f"/p/tiny-addition/{target}/", "drop", after=2)
+        env = {**s3_server.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": proxy.url}
+        started = time.monotonic()
+        failed = run_snakemake(["--cores", "2", *args], cwd=tmp_path, env=env, timeout=600)
+        assert failed.returncode != 0
+        assert time.monotonic() - started < 300, "the failure must come within a bounded time"
+        assert proxy.fault.hits >= 1
+    stored = _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert f"p/tiny-addition/{target}.identity.json" not in stored  # not complete-looking, from any checkout
+    fresh = tmp_path / "fresh-checkout"
+    fresh.mkdir()
+    planned = run_snakemake(["-n", *args], cwd=fresh, env=s3_server.env())
+    assert planned.returncode == 0 and job_counts(planned.stdout + planned.stderr).get("stage_model") == 1
+
+    rerun = run_snakemake(["--cores", "2", *args], cwd=fresh, env=s3_server.env())
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"p/tiny-addition/{target}.identity.json" in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+
+
+def _trainer(launch: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", "run", "--launch", str(launch)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_a_stalled_checkpoint_upload_fails_in_bounded_time_and_training_resumes(
+    tmp_path: Path, s3_server: S3Server, s3_root: str
+) -> None:
+    recipe = {"trainer": {"max_steps": 3, "ckpt_interval": 1}}
+    launch_path = write_test_launch(tmp_path, recipe=recipe, storage_root=f"{s3_root}/p")
+    launch = load_launch(str(launch_path))
+    root = launch.artifacts.checkpoint_root
+    with s3_proxy(s3_server.endpoint) as proxy:
+        proxy.fault = Fault("PUT", "/checkpoints/global_step_2/", "stall")
+        env = {**s3_server.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": proxy.url}
+        env |= {"RLBUILD_S3_CONNECT_TIMEOUT_S": "3", "RLBUILD_S3_READ_TIMEOUT_S": "3", "RLBUILD_S3_ATTEMPTS": "2"}
+        started = time.monotonic()
+        stalled = _trainer(launch_path, env)
+        elapsed = time.monotonic() - started
+    assert stalled.returncode != 0
+    assert elapsed < 240, f"a stall must end in a bounded failure, took {elapsed:.0f} s"
+    errors = [line for line in stalled.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "did not answer" in errors[0], stalled.stderr[-3000:]
+    assert checkpoints.latest_step(root) == 1
+    assert checkpoints.read_state(checkpoints.step_uri(root, 2)) is None  # incomplete: never resumed
+
+    resumed = _trainer(launch_path, s3_server.env())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {checkpoints.step_uri(root, 1)} at step 1" in resumed.stdout + resumed.stderr
+    assert storage.read_json(launch.artifacts.terminal_manifest_uri)["global_step"] == 3
