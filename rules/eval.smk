@@ -13,7 +13,7 @@ rule eval:
     log:
         "logs/eval/v{version}.log",
     params:
-        rlbuild=RLBUILD,
+        rlbuild=lambda wildcards: RLBUILD,
         out=lambda wildcards, output: str(Path(output.results).parent),
     shell:
         "{params.rlbuild:q} eval --launch {input.launch:q} --launch-record {input.record:q} "

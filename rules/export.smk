@@ -11,7 +11,7 @@ rule export:
     log:
         "logs/export/v{version}.log",
     params:
-        rlbuild=RLBUILD,
+        rlbuild=lambda wildcards: RLBUILD,
     shell:
         "{params.rlbuild:q} export --launch {input.launch:q} --launch-record {input.record:q} "
         "--terminal {input.terminal:q} --out {output.artifact:q} --record {output.record:q} 2> {log:q}"

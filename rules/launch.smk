@@ -11,8 +11,8 @@ rule resolve_launch:
     log:
         "logs/resolve_launch/v{version}.log",
     params:
-        rlbuild=RLBUILD,
-        args=ARGS,
+        rlbuild=lambda wildcards: RLBUILD,
+        args=lambda wildcards: ARGS,
     shell:
         "{params.rlbuild:q} resolve-launch {params.args:q} --version {wildcards.version:q} "
         "--out {output.launch:q} --record {output.record:q} --plan {output.plan:q} 2> {log:q}"

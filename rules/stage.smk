@@ -8,8 +8,8 @@ rule base_model:
     log:
         "logs/base_model/v{version}.log",
     params:
-        rlbuild=RLBUILD,
-        args=ARGS,
+        rlbuild=lambda wildcards: RLBUILD,
+        args=lambda wildcards: ARGS,
     shell:
         "{params.rlbuild:q} base-model {params.args:q} --version {wildcards.version:q} --out {output.artifact:q} "
         "--record {output.record:q} 2> {log:q}"
@@ -24,8 +24,8 @@ rule stage_model:
     log:
         "logs/stage_model/v{version}.log",
     params:
-        rlbuild=RLBUILD,
-        args=ARGS,
+        rlbuild=lambda wildcards: RLBUILD,
+        args=lambda wildcards: ARGS,
         base_model=lambda wildcards, input: (
             ["--base-model", input.base_model] if "base_model" in input.keys() else []
         ),
@@ -43,8 +43,8 @@ rule stage_data:
     log:
         "logs/stage_data/v{version}.log",
     params:
-        rlbuild=RLBUILD,
-        args=ARGS,
+        rlbuild=lambda wildcards: RLBUILD,
+        args=lambda wildcards: ARGS,
     shell:
         "{params.rlbuild:q} stage-data {params.args:q} --version {wildcards.version:q} --out {output.artifact:q} "
         "--record {output.record:q} 2> {log:q}"

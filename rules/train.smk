@@ -15,7 +15,7 @@ rule train:
     resources:
         **GRAPH.gang_resources(),
     params:
-        rlbuild=RLBUILD,
+        rlbuild=lambda wildcards: RLBUILD,
     shell:
         "{params.rlbuild:q} train --launch {input.launch:q} --launch-record {input.record:q} "
         "--terminal {output.terminal:q} --record {output.record:q} 2>&1 | tee {log:q}"

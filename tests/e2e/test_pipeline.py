@@ -277,3 +277,18 @@ def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> No
     assert f"{prefix}/export/v{VERSION}/model.safetensors" in keys
     assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/checkpoints/global_step_2/") for k in keys)
     assert ran(pipe.run("--forcerun", "eval")) == {"eval": 1, "all": 1}
+
+
+def test_a_hostile_experiment_path_runs_nothing_but_the_build(tmp_path: Path) -> None:
+    """Every value reaches the shell quoted: `$(...)` in a file name and spaces in paths are just characters."""
+    folder = tmp_path / "dir with spaces"
+    folder.mkdir()
+    hostile = folder / "inj$(touch${IFS}PWNED).yaml"
+    hostile.write_text(small_experiment(tmp_path).read_text())
+    storage = folder / "results here"
+    target = f"stage/data/v{VERSION}"
+    config = ["--config", f"experiment={hostile}", f"storage_root={storage}"]
+    result = run_snakemake(["--cores", "2", *config, "--", target], cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (storage / "tiny-addition" / f"{target}.identity.json").is_file()
+    assert not list(tmp_path.rglob("PWNED")) and not (REPO / "PWNED").exists()
