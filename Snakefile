@@ -1,7 +1,6 @@
 # rlbuild: every artifact of an RL experiment is a file target; the whole plan is checked before any job runs.
 # Logic lives in the `rlbuild` library and `trainer`; rules are inputs, outputs, resources and one call.
 import os
-import shlex
 import sys
 from pathlib import Path
 
