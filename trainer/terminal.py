@@ -11,7 +11,7 @@ from typing import Any
 
 from rlbuild import storage
 from rlbuild.launch import LaunchDocument
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import HF_FOLDER, CheckpointManager
 from trainer.errors import TrainerError
 
 
@@ -45,7 +45,7 @@ def write_terminal(
     manifest = {
         "global_step": step,
         "checkpoint_path": checkpoint,
-        "hf_path": storage.join(checkpoint, "policy"),
+        "hf_path": storage.join(checkpoint, HF_FOLDER),
         "export_path": launch.artifacts.export_root,
         "runtime_source_digest": checkpoints.runtime_digest,
         "inputs": {
