@@ -1,0 +1,100 @@
+"""FSDP2 on CPU ranks through the real roles on a local Ray: a sharded step equals the one-rank step, and a
+sharded checkpoint loads into another world size (torch.distributed.checkpoint reshards it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from rlbuild.launch import LaunchDocument, load_launch
+from tests.launches import write_test_launch
+from trainer import grpo, tasks
+from trainer.batch import UpdateBatch, update_batch
+from trainer.engines import SamplingParams, TorchEngine
+from trainer.placement import connect, layout_of, place_roles
+from trainer.roles import Roles
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    started = connect(None, num_bundles=4)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _launch(tmp_path: Path, ranks: int) -> LaunchDocument:
+    """The test experiment on one node of `ranks` CPU "GPUs": the policy on all of them, one engine each."""
+    role_plan = {"policy_num_gpus_per_node": ranks, "num_inference_engines": ranks}
+    path = write_test_launch(tmp_path / f"ranks-{ranks}", topology={"gpus_per_node": ranks}, role_plan=role_plan)
+    return load_launch(str(path))
+
+
+def _batch(launch: LaunchDocument) -> UpdateBatch:
+    """One step's rollouts of the base model on 4 prompts x 8 samples, with rewards that differ in every group."""
+    model_dir = Path(launch.inputs.model.uri)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = tasks.generate("addition", "train", "seed-0")[:4]
+    n = launch.recipe.generator.n_samples_per_prompt
+    prompts = [tokenizer(row["prompt"])["input_ids"] for row in rows for _ in range(n)]
+    rollouts = TorchEngine(model_dir).generate(prompts, SamplingParams(max_tokens=4), seed=3)
+    rewards = torch.tensor([float(i % 3 == 0) for i in range(len(prompts))])
+    advantages = grpo.group_advantages(rewards, n, True)
+    return update_batch(prompts, rollouts, rewards, advantages, launch.recipe, tokenizer.pad_token_id)
+
+
+def _weights(roles: Roles, uri: Path) -> dict[str, torch.Tensor]:
+    roles.save_checkpoint(str(uri), with_hf_folder=True)
+    return load_file(uri / "policy" / "model.safetensors")
+
+
+def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_sizes(
+    tmp_path: Path, local_ray: None
+) -> None:
+    launches = {ranks: _launch(tmp_path, ranks) for ranks in (1, 2)}
+    batch = _batch(launches[1])
+    roles = {
+        ranks: place_roles(launch.recipe, layout_of(launch), launch.inputs.model.uri, str(tmp_path / "cache"), "torch")
+        for ranks, launch in launches.items()
+    }
+    try:
+        # The base model as staged (a checkpoint before the first step would initialise AdamW's state early).
+        initial = load_file(Path(launches[1].inputs.model.uri) / "model.safetensors")
+        minis, micro = 1, launches[1].recipe.trainer.micro_train_batch_size_per_gpu
+        stats = {ranks: r.update(batch, minis, micro) for ranks, r in roles.items()}  # 2 micro-batches on 1 rank
+        one, two = _weights(roles[1], tmp_path / "one"), _weights(roles[2], tmp_path / "two")
+        assert _max_difference(initial, one) > 1e-4, "the step must move the weights for the comparison to mean much"
+        assert _max_difference(one, two) < 1e-5
+        for key in ("pg_loss", "kl", "grad_norm", "entropy"):
+            assert stats[2][key] == pytest.approx(stats[1][key], rel=1e-4, abs=1e-6), key
+        assert {p.name for p in (tmp_path / "two" / "sharded").iterdir()} == {
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+        }
+
+        # Move the two ranks elsewhere, then load the one-rank checkpoint into them: weights, AdamW moments and the
+        # schedule come back resharded, so the next step is the one-rank run's next step.
+        roles[2].update(batch, minis, micro)
+        roles[2].load_checkpoint(str(tmp_path / "one"))
+        for r in roles.values():
+            r.update(batch, minis, micro)
+        after_one, after_two = _weights(roles[1], tmp_path / "one-2"), _weights(roles[2], tmp_path / "two-2")
+        assert _max_difference(one, after_one) > 1e-4
+        assert _max_difference(after_one, after_two) < 1e-5
+    finally:
+        for r in roles.values():
+            r.shutdown()
