@@ -95,6 +95,15 @@ def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_
         after_one, after_two = _weights(roles[1], tmp_path / "one-2"), _weights(roles[2], tmp_path / "two-2")
         assert _max_difference(one, after_one) > 1e-4
         assert _max_difference(after_one, after_two) < 1e-5
+
+        # And the other way: the two ranks' sharded checkpoint into one rank.
+        roles[1].update(batch, minis, micro)
+        roles[1].load_checkpoint(str(tmp_path / "two-2"))
+        for r in roles.values():
+            r.update(batch, minis, micro)
+        last_one, last_two = _weights(roles[1], tmp_path / "one-3"), _weights(roles[2], tmp_path / "two-3")
+        assert _max_difference(after_two, last_two) > 1e-4
+        assert _max_difference(last_one, last_two) < 1e-5
     finally:
         for r in roles.values():
             r.shutdown()
