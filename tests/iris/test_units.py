@@ -12,11 +12,11 @@ from iris.client import JobState
 from rlbuild import runtime
 from rlbuild.gang import check_runtime
 from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
-from tests.launches import write_test_launch
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
 from snakemake_executor_plugin_iris.status import Outcome, outcome
+from tests.launches import write_test_launch
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
