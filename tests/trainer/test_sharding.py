@@ -21,6 +21,7 @@ from trainer.placement import connect, layout_of, place_roles
 from trainer.roles import Roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+MICRO = 16  # samples per micro-batch: the one rank takes 2 of them, each of two ranks 1
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,17 @@ def _weights(roles: Roles, uri: Path) -> dict[str, torch.Tensor]:
     return load_file(uri / "policy" / "model.safetensors")
 
 
+def _load_into(
+    roles: dict[int, Roles], ranks: int, checkpoint: Path, batch: UpdateBatch, out: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Step `roles[ranks]` once, load `checkpoint` into it, step both: (1-rank weights, 2-rank weights)."""
+    roles[ranks].update(batch, 1, MICRO)
+    roles[ranks].load_checkpoint(str(checkpoint))
+    for r in roles.values():
+        r.update(batch, 1, MICRO)
+    return _weights(roles[1], out / "one"), _weights(roles[2], out / "two")
+
+
 def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -73,8 +85,8 @@ def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_
     try:
         # The base model as staged (a checkpoint before the first step would initialise AdamW's state early).
         initial = load_file(Path(launches[1].inputs.model.uri) / "model.safetensors")
-        minis, micro = 1, launches[1].recipe.trainer.micro_train_batch_size_per_gpu
-        stats = {ranks: r.update(batch, minis, micro) for ranks, r in roles.items()}  # 2 micro-batches on 1 rank
+        assert launches[1].recipe.trainer.micro_train_batch_size_per_gpu == MICRO
+        stats = {ranks: r.update(batch, 1, MICRO) for ranks, r in roles.items()}
         one, two = _weights(roles[1], tmp_path / "one"), _weights(roles[2], tmp_path / "two")
         assert _max_difference(initial, one) > 1e-4, "the step must move the weights for the comparison to mean much"
         assert _max_difference(one, two) < 1e-5
@@ -86,24 +98,14 @@ def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_
             "__1_0.distcp",
         }
 
-        # Move the two ranks elsewhere, then load the one-rank checkpoint into them: weights, AdamW moments and the
-        # schedule come back resharded, so the next step is the one-rank run's next step.
-        roles[2].update(batch, minis, micro)
-        roles[2].load_checkpoint(str(tmp_path / "one"))
-        for r in roles.values():
-            r.update(batch, minis, micro)
-        after_one, after_two = _weights(roles[1], tmp_path / "one-2"), _weights(roles[2], tmp_path / "two-2")
-        assert _max_difference(one, after_one) > 1e-4
-        assert _max_difference(after_one, after_two) < 1e-5
-
-        # And the other way: the two ranks' sharded checkpoint into one rank.
-        roles[1].update(batch, minis, micro)
-        roles[1].load_checkpoint(str(tmp_path / "two-2"))
-        for r in roles.values():
-            r.update(batch, minis, micro)
-        last_one, last_two = _weights(roles[1], tmp_path / "one-3"), _weights(roles[2], tmp_path / "two-3")
-        assert _max_difference(after_two, last_two) > 1e-4
-        assert _max_difference(last_one, last_two) < 1e-5
+        # Load each world size's checkpoint into the other, after moving the loading side elsewhere: weights, AdamW
+        # moments and the schedule come back resharded, so the next step is the checkpointed run's next step.
+        after = _load_into(roles, 2, tmp_path / "one", batch, tmp_path / "after")
+        assert _max_difference(one, after[0]) > 1e-4
+        assert _max_difference(*after) < 1e-5
+        last = _load_into(roles, 1, tmp_path / "after" / "two", batch, tmp_path / "last")
+        assert _max_difference(after[1], last[1]) > 1e-4
+        assert _max_difference(*last) < 1e-5
     finally:
         for r in roles.values():
             r.shutdown()
