@@ -88,6 +88,15 @@ class Layout:
         per_node = self.shape.gpus_per_node
         return self.reference_nodes[index // per_node], index % per_node
 
+    def summary(self) -> str:
+        """The layout in a line of a plan: which nodes each role has, and how the engines pack."""
+        reference = f", reference {_nodes(self.reference_nodes)}" if self.reference_nodes else ""
+        used = sorted({slot.node for slot in self.engines})
+        return (
+            f"policy {_nodes(self.policy_nodes)}{reference}; engines on {_nodes(tuple(used))}, up to "
+            f"{self.shape.engines_per_node} per node, {self.shape.engine_gpus} GPU(s) each on one node"
+        )
+
     def describe(self) -> str:
         """One line a person reads in the train log: which nodes hold which role."""
         engines: dict[int, list[str]] = {}
@@ -116,10 +125,14 @@ class PackingError(RlbuildError):
         )
 
 
+def _nodes(nodes: tuple[int, ...]) -> str:
+    if len(nodes) == 1:
+        return f"node {nodes[0]}"
+    return f"nodes {nodes[0]}-{nodes[-1]}"
+
+
 def _node_range(nodes: tuple[int, ...]) -> str:
-    if not nodes:
-        return ""
-    return f" (node {nodes[0]})" if len(nodes) == 1 else f" (nodes {nodes[0]}-{nodes[-1]})"
+    return f" ({_nodes(nodes)})" if nodes else ""
 
 
 def pack(shape: Shape) -> Layout:

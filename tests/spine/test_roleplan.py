@@ -110,7 +110,11 @@ def test_check_rejects_engines_that_do_not_pack_and_accepts_those_that_do(
     assert "TP=4 with num_inference_engines=6" in error["fix"] and "TP=2 with num_inference_engines=12" in error["fix"]
     accepted = write(tmp_path, _engines_on_three_free_nodes(6, 4), "tp4.yaml")
     assert main(["check", str(accepted), "--json", "--storage-root", str(tmp_path / "s")]) == 0
-    assert json.loads(capsys.readouterr().out)["ok"] is True
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True
+    assert report["plan"]["geometry"]["layout"] == (
+        "policy nodes 0-3; engines on nodes 4-6, up to 2 per node, 4 GPU(s) each on one node"
+    )
 
 
 def test_every_suggested_packing_fix_is_accepted() -> None:
