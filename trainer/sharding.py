@@ -3,8 +3,8 @@
 Every rank of a role (the policy's, or a separate reference's) joins one torch.distributed group: NCCL on GPUs,
 gloo on CPU. With more than one rank, every decoder layer and then the root are `fully_shard`ed over a 1-D
 device mesh of that group, on CPU exactly as on GPU. One rank has nothing to shard and keeps the bare model:
-the same numbers without FSDP2's hooks, which cost ~70% of a tiny CPU optimizer step (measured in
-trainer/README.md).
+the same numbers without FSDP2's hooks, which made a 1-rank CPU optimizer step 1.9-2.3x slower
+(benchmarks/fsdp_cpu.py, trainer/README.md).
 
 Checkpoints are torch.distributed.checkpoint (DCP) folders, as in verl and SkyRL: every rank writes its own
 shards of the model and the optimizer state (rank 0 also the scheduler) into one `__<rank>_0.distcp` file, and
