@@ -117,7 +117,9 @@ def _training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sc
 def save(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     """Write model, optimizer and scheduler as a DCP folder at `uri`. Every rank must call this."""
     state = _training_state(model, optimizer, scheduler)
-    dcp.save(state, storage_writer=FsspecWriter(uri, **storage.fsspec_options(uri)))
+    # fsync is for local files; an S3 object is whole once its upload closes.
+    writer = FsspecWriter(uri, sync_files=not storage.is_s3(uri), **storage.fsspec_options(uri))
+    dcp.save(state, storage_writer=writer)
 
 
 def load(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
