@@ -262,13 +262,13 @@ def place_roles(recipe: Recipe, layout: Layout, model_uri: str, cache_dir: str, 
             .remote(backend, model_uri, cache_dir, recipe, bundles, share)
         )
     print(f"[trainer] layout: {layout.describe()}", flush=True)
-    print(f"[trainer] policy: {_setup(policy)}", flush=True)
+    print(f"[trainer] policy: {setup_group(policy)}", flush=True)
     if reference:
-        print(f"[trainer] reference: {_setup(reference)}", flush=True)
+        print(f"[trainer] reference: {setup_group(reference)}", flush=True)
     return Roles(policy, engines, reference, reservation.groups)
 
 
-def _setup(ranks: list[Any]) -> str:
+def setup_group(ranks: list[Any]) -> str:
     """Join the ranks into one process group, load and shard their model; rank 0's account of the sharding."""
     master_addr, port = rendezvous(ranks[0], ray.get([r.node.remote() for r in ranks]))
     return ray.get([r.setup.remote(master_addr, port) for r in ranks])[0]

@@ -10,14 +10,16 @@ import pytest
 import ray
 import torch
 from safetensors.torch import load_file
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlbuild.launch import LaunchDocument, load_launch
 from tests.launches import write_test_launch
 from trainer import grpo, tasks
 from trainer.batch import UpdateBatch, update_batch
 from trainer.engines import SamplingParams, TorchEngine
-from trainer.placement import connect, layout_of, place_roles
+from trainer.placement import connect, layout_of, place_roles, setup_group
+from trainer.policy import score
+from trainer.reference import ReferenceWorker
 from trainer.roles import Roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -109,3 +111,23 @@ def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_
     finally:
         for r in roles.values():
             r.shutdown()
+
+
+def test_a_sharded_reference_scores_an_uneven_batch_like_the_whole_model(tmp_path: Path, local_ray: None) -> None:
+    launch = _launch(tmp_path, 1)
+    batch = {k: v[:31] for k, v in _batch(launch).tensors.items()}  # 31 rows: the second worker's share is topped up
+    recipe, uri = launch.recipe, launch.inputs.model.uri
+    workers = [ray.remote(ReferenceWorker).remote(i, 2, recipe, uri, str(tmp_path / "cache"), 1) for i in range(2)]
+    try:
+        assert setup_group(workers).startswith("fsdp2 on 2 ranks (cpu, gloo): fully_shard")
+        scored = Roles(policy=[], engines=[], reference=workers, groups=[]).reference_logprobs(batch)
+    finally:
+        ray.get([w.shutdown.remote() for w in workers])
+        for worker in workers:
+            ray.kill(worker)
+    whole = AutoModelForCausalLM.from_pretrained(Path(uri), dtype=torch.float32).eval()
+    temperature = recipe.generator.sampling_params.temperature
+    expected = score(whole, batch, temperature, recipe.trainer.micro_forward_batch_size_per_gpu)
+    assert scored.shape == expected.shape == batch["completion_mask"].shape
+    assert torch.allclose(scored, expected, atol=1e-5)
+    assert float(expected.abs().sum()) > 1.0
