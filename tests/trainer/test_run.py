@@ -14,7 +14,7 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.launches import write_test_launch
+from tests.launches import placeable, write_test_launch
 
 METRIC_KEYS = {
     "reward_mean",
@@ -135,7 +135,8 @@ def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(800)
-def test_fsdp2_on_two_cpu_ranks_shards_checkpoints_resumes_after_a_kill_and_exports(tmp_path: Path) -> None:
+@placeable(2)
+def test_fsdp2_on_two_ranks_shards_checkpoints_resumes_after_a_kill_and_exports(tmp_path: Path) -> None:
     # The test experiment on ONE node of two CPU "GPUs": the policy on both (FSDP2 over gloo), two colocated engines.
     launch = write_test_launch(
         tmp_path,

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlbuild.launch import LaunchDocument, load_launch
-from tests.launches import write_test_launch
+from tests.launches import placeable, write_test_launch
 from trainer import grpo, tasks
 from trainer.batch import UpdateBatch, update_batch
 from trainer.engines import SamplingParams, TorchEngine
@@ -75,6 +75,7 @@ def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+@placeable(3)
 def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_sizes(
     tmp_path: Path, local_ray: None
 ) -> None:
