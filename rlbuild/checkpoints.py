@@ -1,8 +1,9 @@
 """The checkpoint layout under a run's `checkpoint_root`: the contract between the trainer, which writes it, and
 the graph and `rlbuild status`, which read it.
 
+    global_step_N/sharded/             torch.distributed.checkpoint: model, optimizer, scheduler (one .distcp a rank)
+    global_step_N/policy/              the full model as a Hugging Face folder, at the terminal step only
     global_step_N/trainer_state.json   {global_step, data_cursor, runtime_source_digest, launch_fingerprint, ...}
-    global_step_N/...                  the policy's weights and optimizer state (trainer/checkpoint.py)
     latest                             "N": written last, so a checkpoint it does not name was never completed
 """
 
@@ -18,6 +19,8 @@ from rlbuild.errors import RlbuildError
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST = "latest"
 STATE = "trainer_state.json"
+SHARDED = "sharded"
+HF_FOLDER = "policy"
 
 
 class CheckpointLayoutError(RlbuildError):

@@ -179,6 +179,27 @@ def materialise(launch: str | None, cache_dir: Path) -> None:
     )
 
 
+class RuntimeMismatchError(RlbuildError):
+    """This node's code is not the code the launch document was planned for."""
+
+
+def check_runtime(launch: str | None) -> None:
+    """Before Ray starts: the node's runtime source digest must be the one the launch document names."""
+    if not launch:
+        return
+    from rlbuild.launch import load_launch
+    from rlbuild.runtime import source_digest
+
+    planned, running = load_launch(launch).runtime.source_digest, source_digest()
+    if running != planned:
+        raise RuntimeMismatchError(
+            f"this node runs runtime source digest {running}, but {launch} was planned for {planned}: the job would "
+            "train other code than the plan names (another checkout or image, or trainer/, the bootstrap or uv.lock "
+            "edited since the plan). Run the job from the checkout the plan was made from, or re-plan it from this "
+            "code (resolve_launch; a fixed version needs a new version)."
+        )
+
+
 def launch_rendezvous_dir(launch: str) -> str:
     from rlbuild.launch import load_launch
 
@@ -286,6 +307,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        check_runtime(args.launch)
         task = TaskIdentity.parse(os.environ.get("IRIS_TASK_ID", ""))
         root = args.rendezvous_root or launch_rendezvous_dir(args.launch)
         rdv = Rendezvous(root, task.job, args.gang_id, task.attempt, poll_s=args.poll)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION
+from rlbuild.layout import pack
 from rlbuild.plan import Plan
 from rlbuild.redact import redact
+from rlbuild.roleplan import shape_of_plan
 
 
 def artifact_uris(plan: Plan) -> dict[str, str]:
@@ -39,6 +41,8 @@ def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
                 "pp": rp.inference_engine_pipeline_parallel_size,
                 "dp": rp.inference_engine_data_parallel_size,
                 "ep": rp.inference_engine_expert_parallel_size,
+                # A resolved plan passed preflight, so its engines pack (rlbuild/layout.py).
+                "layout": pack(shape_of_plan(e.topology, rp)).summary(),
                 **g.as_dict(),
             },
             "batches": {
@@ -73,6 +77,7 @@ def format_plan(plan: Plan, terminal_stage: str = "export") -> str:
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
         f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
         f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
+        f"  layout         {geo['layout']}",
         f"  batches        {bat['train_batch_size']} prompts x {bat['n_samples_per_prompt']} samples = "
         f"{geo['samples_per_step']} samples/step; mini {bat['policy_mini_batch_size']} "
         f"({geo['optimizer_steps_per_global_step']} optimizer step(s)/step); micro "

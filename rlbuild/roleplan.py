@@ -6,6 +6,7 @@ policy GPUs  = policy nodes * policy GPUs per node
 rollout GPUs = engines * engine ranks
 colocated:  each TP*PP slice divides a node; policy GPUs == rollout GPUs; total = policy GPUs
 separate:   one engine's ranks fit in one node; total = policy + reference + rollout GPUs
+packing:    once the counts add up, every engine (TP*PP*DP GPUs, one node) packs onto its nodes (rlbuild/layout.py)
 EP divides TP*DP;  total == nodes * GPUs per node;  train % mini == 0;
 mini * samples splits over the policy ranks into micro-batches (micro counts samples, as in SkyRL)
 fully_async: train batch == mini batch, roles separate
@@ -18,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from rlbuild.errors import Violation
+from rlbuild.layout import PackingError, Shape, pack
 from rlbuild.spec import RolePlan, Runtime, Topology
 
 RP = "role_plan"
@@ -74,9 +76,29 @@ def check_role_plan(topology: Topology, plan: RolePlan, runtime: Runtime) -> lis
     """Every violation of the role-plan contract, each with the numbers and a fix."""
     g = geometry(topology, plan)
     tp = plan.inference_engine_tensor_parallel_size
-    pp = plan.inference_engine_pipeline_parallel_size
     dp = plan.inference_engine_data_parallel_size
     ep = plan.inference_engine_expert_parallel_size
+    out = _count_violations(topology, plan, g)
+    if not out:
+        # The counts add up: what is left is whether every engine finds a node (the trainer places this layout).
+        out += _packing_violations(topology, plan)
+    if (tp * dp) % ep:
+        out.append(
+            Violation(
+                f"{RP}.inference_engine_expert_parallel_size",
+                f"EP={ep} does not divide TP*DP={tp}*{dp}={tp * dp} (pipeline stages form separate expert groups)",
+                f"choose EP among the divisors of {tp * dp}: {_divisors(tp * dp)}",
+            )
+        )
+    out += _check_batches(plan, g, runtime)
+    return out
+
+
+def _count_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[Violation]:
+    """The GPU arithmetic: nodes, slices and totals."""
+    tp = plan.inference_engine_tensor_parallel_size
+    pp = plan.inference_engine_pipeline_parallel_size
+    dp = plan.inference_engine_data_parallel_size
     gpn = topology.gpus_per_node
     out: list[Violation] = []
 
@@ -124,7 +146,7 @@ def check_role_plan(topology: Topology, plan: RolePlan, runtime: Runtime) -> lis
                     f"colocated policy GPUs ({plan.policy_num_nodes}*{plan.policy_num_gpus_per_node}="
                     f"{g.policy_gpus}) != rollout GPUs (engines {plan.num_inference_engines} * TP {tp} * PP {pp} "
                     f"* DP {dp} = {g.rollout_gpus})",
-                    _colocated_fix(plan, g),
+                    _colocated_fix(topology, plan, g),
                 )
             )
     elif g.engine_ranks > gpn:
@@ -136,20 +158,77 @@ def check_role_plan(topology: Topology, plan: RolePlan, runtime: Runtime) -> lis
             )
         )
 
-    if (tp * dp) % ep:
-        out.append(
-            Violation(
-                f"{RP}.inference_engine_expert_parallel_size",
-                f"EP={ep} does not divide TP*DP={tp}*{dp}={tp * dp} (pipeline stages form separate expert groups)",
-                f"choose EP among the divisors of {tp * dp}: {_divisors(tp * dp)}",
-            )
-        )
-
     if g.planned_gpus != g.allocated_gpus and not (plan.colocate_all and g.policy_gpus != g.rollout_gpus):
         out.append(_total_violation(topology, plan, g))
-
-    out += _check_batches(plan, g, runtime)
     return out
+
+
+def shape_of_plan(topology: Topology, plan: RolePlan) -> Shape:
+    """The packing's view of an experiment (the trainer builds the same from the launch document)."""
+    return Shape(
+        num_nodes=topology.num_nodes,
+        gpus_per_node=topology.gpus_per_node,
+        policy_nodes=plan.policy_num_nodes,
+        reference_nodes=0 if plan.colocate_all else plan.ref_num_nodes,
+        colocated=plan.colocate_all,
+        engines=plan.num_inference_engines,
+        tp=plan.inference_engine_tensor_parallel_size,
+        pp=plan.inference_engine_pipeline_parallel_size,
+        dp=plan.inference_engine_data_parallel_size,
+    )
+
+
+def _packing_violations(topology: Topology, plan: RolePlan) -> list[Violation]:
+    try:
+        pack(shape_of_plan(topology, plan))
+    except PackingError as error:
+        return [Violation(f"{RP}.num_inference_engines", str(error), _packing_fix(topology, plan, error.shape))]
+    return []
+
+
+def _packing_fix(topology: Topology, plan: RolePlan, shape: Shape) -> str:
+    """Role plans one change away that pack and use every GPU: another TP (or DP) with the engines it needs."""
+    gpn = topology.gpus_per_node
+    suggestions: list[str] = []
+    for key, label, current in (
+        ("inference_engine_tensor_parallel_size", "TP", shape.tp),
+        ("inference_engine_data_parallel_size", "DP", shape.dp),
+    ):
+        others = shape.engine_gpus // current
+        widths = [d for d in range(1, gpn + 1) if gpn % d == 0 and d % others == 0 and d // others != current]
+        below = [d for d in widths if d // others < current][-1:]
+        above = [d for d in widths if d // others > current][:1]
+        for width in below + above:
+            engines = len(shape.engine_nodes) * gpn // width
+            candidate = plan.model_copy(update={key: width // others, "num_inference_engines": engines})
+            if engines and _fits(topology, candidate):
+                suggestions.append(f"{label}={width // others} with num_inference_engines={engines}")
+    idle = len(shape.engine_nodes) * gpn - shape.engines_that_fit * shape.engine_gpus
+    keep = (
+        f" (keeping {shape.engine_gpus}-GPU engines, {shape.engines_that_fit} fit and {idle} GPUs would sit idle)"
+        if shape.engines_that_fit
+        else ""
+    )
+    options = " or ".join(suggestions) if suggestions else f"choose TP*PP*DP among the divisors of {gpn}"
+    return f"make each engine's GPUs divide the {gpn}-GPU node: {options}{keep}"
+
+
+def _fits(topology: Topology, plan: RolePlan) -> bool:
+    """Whether a candidate role plan (a suggested fix) adds up and packs; fixes must never suggest a failure."""
+    g = geometry(topology, plan)
+    gpn = topology.gpus_per_node
+    tp, dp = plan.inference_engine_tensor_parallel_size, plan.inference_engine_data_parallel_size
+    if (tp * dp) % plan.inference_engine_expert_parallel_size or g.planned_gpus != g.allocated_gpus:
+        return False
+    if plan.colocate_all and (gpn % g.engine_slice or g.policy_gpus != g.rollout_gpus):
+        return False
+    if not plan.colocate_all and g.engine_ranks > gpn:
+        return False
+    try:
+        pack(shape_of_plan(topology, plan))
+    except PackingError:
+        return False
+    return True
 
 
 def _total_violation(topology: Topology, plan: RolePlan, g: Geometry) -> Violation:
@@ -168,16 +247,19 @@ def _total_violation(topology: Topology, plan: RolePlan, g: Geometry) -> Violati
     if not plan.colocate_all:
         spare = g.allocated_gpus - g.policy_gpus - g.reference_gpus
         per_dp = plan.num_inference_engines * tp * pp
-        fits = spare % per_dp == 0 and tp * pp * (spare // per_dp) <= topology.gpus_per_node
-        if spare > 0 and fits and spare // per_dp != dp:
-            want = spare // per_dp
+        want = spare // per_dp if spare > 0 and spare % per_dp == 0 else dp
+        if want != dp and _fits(topology, plan.model_copy(update={"inference_engine_data_parallel_size": want})):
             message = f"rollout DP={dp} describes {g.planned_gpus} of {g.allocated_gpus} GPUs"
             fixes.append(f"inference_engine_data_parallel_size={want} would consume them")
         per_engine = tp * pp * dp
-        if spare > 0 and spare % per_engine == 0 and spare // per_engine != plan.num_inference_engines:
-            fixes.append(f"num_inference_engines={spare // per_engine} would consume them")
-    if g.planned_gpus % topology.gpus_per_node == 0:
-        fixes.append(f"topology.num_nodes={g.planned_gpus // topology.gpus_per_node} would match the plan")
+        engines = spare // per_engine if spare > 0 and spare % per_engine == 0 else plan.num_inference_engines
+        if engines != plan.num_inference_engines and _fits(
+            topology, plan.model_copy(update={"num_inference_engines": engines})
+        ):
+            fixes.append(f"num_inference_engines={engines} would consume them")
+    nodes = g.planned_gpus // topology.gpus_per_node
+    if g.planned_gpus % topology.gpus_per_node == 0 and _fits(topology.model_copy(update={"num_nodes": nodes}), plan):
+        fixes.append(f"topology.num_nodes={nodes} would match the plan")
     fix = " or ".join(fixes) if fixes else "make the role plan consume exactly num_nodes * gpus_per_node GPUs"
     field = (
         f"{RP}.{fixes[0].split('=', 1)[0]}" if fixes and not fixes[0].startswith("topology") else ("topology.num_nodes")
@@ -185,11 +267,13 @@ def _total_violation(topology: Topology, plan: RolePlan, g: Geometry) -> Violati
     return Violation(field, message, fix)
 
 
-def _colocated_fix(plan: RolePlan, g: Geometry) -> str:
-    per_engine = g.engine_ranks
-    if g.policy_gpus % per_engine == 0:
-        return f"num_inference_engines={g.policy_gpus // per_engine} would cover the {g.policy_gpus} policy GPUs"
-    return f"make engines * TP * PP * DP equal the {g.policy_gpus} policy GPUs"
+def _colocated_fix(topology: Topology, plan: RolePlan, g: Geometry) -> str:
+    engines = g.policy_gpus // g.engine_ranks
+    if g.policy_gpus % g.engine_ranks == 0 and _fits(
+        topology, plan.model_copy(update={"num_inference_engines": engines})
+    ):
+        return f"num_inference_engines={engines} would cover the {g.policy_gpus} policy GPUs"
+    return f"make engines * TP * PP * DP equal the {g.policy_gpus} policy GPUs, each engine within one node"
 
 
 def _check_batches(plan: RolePlan, g: Geometry, runtime: Runtime) -> list[Violation]:

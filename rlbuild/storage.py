@@ -80,30 +80,35 @@ def is_s3(uri: str) -> bool:
 
 
 def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path within it) for a local path or an `s3://` URI.
+    """(filesystem, path within it) for a local path or an `s3://` URI (settings: `fsspec_options`)."""
+    if not is_s3(uri):
+        if "://" in uri:
+            raise StorageError(f"storage URI {uri!r}: only local paths and s3:// URIs are supported")
+        return fsspec.filesystem("file"), uri
+    return fsspec.filesystem("s3", **fsspec_options(uri)), uri.removeprefix(S3)
+
+
+def fsspec_options(uri: str) -> dict[str, Any]:
+    """The fsspec settings for `uri`, for libraries that open storage themselves (torch.distributed.checkpoint).
 
     S3 settings come from the variables the Snakemake S3 storage plugin reads
     (SNAKEMAKE_STORAGE_S3_{ENDPOINT_URL,ACCESS_KEY,SECRET_KEY,TOKEN,REGION}), so jobs reach the same store as
     Snakemake; unset ones fall back to boto's AWS_* chain.
     """
     if not is_s3(uri):
-        if "://" in uri:
-            raise StorageError(f"storage URI {uri!r}: only local paths and s3:// URIs are supported")
-        return fsspec.filesystem("file"), uri
+        return {}
     settings = _s3_settings()
     # No listing or instance cache: a verification must see storage as it is now.
-    fs = fsspec.filesystem(
-        "s3",
-        endpoint_url=settings["endpoint_url"],
-        key=settings["aws_access_key_id"],
-        secret=settings["aws_secret_access_key"],
-        token=settings["aws_session_token"],
-        client_kwargs={"region_name": settings["region_name"]} if settings["region_name"] else {},
-        config_kwargs=_s3_timeouts(),
-        skip_instance_cache=True,
-        use_listings_cache=False,
-    )
-    return fs, uri.removeprefix(S3)
+    return {
+        "endpoint_url": settings["endpoint_url"],
+        "key": settings["aws_access_key_id"],
+        "secret": settings["aws_secret_access_key"],
+        "token": settings["aws_session_token"],
+        "client_kwargs": {"region_name": settings["region_name"]} if settings["region_name"] else {},
+        "config_kwargs": _s3_timeouts(),
+        "skip_instance_cache": True,
+        "use_listings_cache": False,
+    }
 
 
 def _s3_settings() -> dict[str, str | None]:

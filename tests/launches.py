@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
 import yaml
 
 from rlbuild import storage
@@ -117,3 +119,11 @@ def write_test_launch(tmp_path: Path, *, version: str = "dev", storage_root: str
     path = root / "launch.yaml"
     path.write_text(dump_launch(plan.launch))
     return path
+
+
+def placeable(gpu_bundles: int) -> pytest.MarkDecorator:
+    """Skip a test whose roles take `gpu_bundles` GPUs on a machine with fewer. Without GPUs a bundle is a CPU and
+    the test runs; with enough GPUs it runs on them (FSDP2 over NCCL, the engines on CUDA)."""
+    gpus = torch.cuda.device_count()
+    reason = f"the test places {gpu_bundles} GPU bundles and this machine has {gpus} GPU(s)"
+    return pytest.mark.skipif(0 < gpus < gpu_bundles, reason=reason)

@@ -1,11 +1,17 @@
 """Checkpoints under `artifacts.checkpoint_root` (a local path or s3:// URI).
 
 Layout:
-    global_step_N/policy/          HF model folder (model.safetensors, config.json, tokenizer files)
-    global_step_N/optimizer.pt     full (unsharded) AdamW + scheduler state
-    global_step_N/trainer_state.json  {global_step, data_cursor, seed, runtime_source_digest, ...}
+    global_step_N/sharded/         torch.distributed.checkpoint folder: `.metadata` and one `__<rank>_0.distcp` per
+                                   policy rank, holding that rank's shards of the weights and AdamW state (and the
+                                   scheduler); what a resume reads (trainer/sharding.py)
+    global_step_N/policy/          HF model folder (model.safetensors, config.json, tokenizer files), gathered by
+                                   rank 0: the terminal checkpoint only (what export publishes)
+    global_step_N/trainer_state.json  {global_step, data_cursor, seed, runtime_source_digest, ...}: after the payload
     latest                         "N": written last, so a checkpoint without it was never completed
     metrics.jsonl                  beside the checkpoints (trainer/metrics.py)
+
+Only the terminal checkpoint carries the HF folder: it costs a full gather into one host's memory and a second
+copy of the weights in storage, a resume never reads it, and only the terminal checkpoint is exported.
 
 Sampling and data order are derived from (seed, step), so step + data cursor is the full RNG state: a resumed
 run continues exactly as the uninterrupted one would have.
@@ -53,6 +59,8 @@ class CheckpointManager:
     def save(self, step: int, data_cursor: int, extra: dict[str, Any], write_policy: Callable[[str], None]) -> str:
         """Policy + optimizer (via `write_policy`), then trainer state, then `latest`; then prune old ones."""
         uri = self.step_uri(step)
+        # What an interrupted earlier save of this step left (a resume from an older checkpoint gets here again).
+        storage.remove(uri)
         write_policy(uri)
         state = {
             "global_step": step,

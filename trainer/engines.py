@@ -203,8 +203,12 @@ class VLLMEngine:
         from vllm import LLM
 
         self.ranks = tensor_parallel_size * pipeline_parallel_size * data_parallel_size
+        # Several GPUs: Ray workers in the engine's own placement-group bundles (trainer/placement.py), not local
+        # processes that would take whatever GPUs the node shows.
+        several = tensor_parallel_size * pipeline_parallel_size > 1
         self.llm = LLM(
             model=str(model_dir),
+            distributed_executor_backend="ray" if several else None,
             tensor_parallel_size=tensor_parallel_size,
             pipeline_parallel_size=pipeline_parallel_size,
             data_parallel_size=data_parallel_size,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
         inputs = load_inputs(launch, Path(cache))
         address = launch.ray.address or os.environ.get("RAY_ADDRESS")
         backend = resolve_backend(launch.recipe.generator.backend)
-        roles = start_roles(launch.recipe, address, launch.inputs.model.uri, cache, backend)
+        roles = start_roles(launch, address, cache, backend)
         try:
             records = train(launch, roles, inputs, checkpoints, resume)
         finally:
@@ -110,7 +111,9 @@ def train(
             values["eval_accuracy"] = held_out_accuracy(launch, roles, inputs)
         if _due(step, t.ckpt_interval, t.max_steps):
             state = {"seed": t.seed, "run_id": launch.run.id, "policy_world_size": t.placement.policy_world_size}
-            checkpoints.save(step, cursor, state, roles.save_checkpoint)
+            # Only the terminal checkpoint gathers an HF folder (trainer/checkpoint.py says why).
+            write = partial(roles.save_checkpoint, with_hf_folder=step == t.max_steps)
+            checkpoints.save(step, cursor, state, write)
         values["step_time_s"] = clock.total()
         metrics.log(step, values)
     metrics.close()

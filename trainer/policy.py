@@ -1,8 +1,9 @@
 """The policy worker: one data-parallel rank of the policy (and its frozen reference), run as a Ray actor.
 
-Ranks form a torch.distributed group (gloo on CPU, NCCL on GPU). On CPU the model is wrapped in DDP; on GPU
-with strategy fsdp2 every decoder layer and the root are `fully_shard`ed. Full (unsharded) state dicts are
-gathered with torch.distributed.checkpoint's state_dict API, so checkpoints do not depend on the world size.
+Ranks form a torch.distributed group (gloo on CPU, NCCL on GPU) and the model (with the reference it keeps) is
+`fully_shard`ed over it, on CPU as on GPU (trainer/sharding.py). Checkpoints are sharded (one DCP file per
+rank); the weights the engines receive, and the HF folder of the terminal checkpoint, are the full state dict
+gathered to rank 0.
 
 A training batch arrives already sharded by the driver: for each optimizer mini-batch, this rank holds a
 contiguous slice, with per-token loss weights that normalise over the *whole* mini-batch (see trainer/grpo.py),
@@ -12,46 +13,21 @@ so the gradient is the same whatever the micro-batch size or number of ranks.
 from __future__ import annotations
 
 import copy
-import datetime
 import math
-import os
 import shutil
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from transformers import AutoConfig, AutoModelForCausalLM
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
 
+from rlbuild import checkpoints as layout
 from rlbuild import storage
-from rlbuild.manifest import materialise
 from rlbuild.recipe import Recipe
-from trainer import grpo, weight_sync
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
+from trainer import grpo, sharding, weight_sync
 
 
 def forward_logprobs(
@@ -68,8 +44,9 @@ def forward_logprobs(
     ids, attention = batch["input_ids"], batch["attention_mask"]
     completion_width = batch["completion_mask"].shape[1]
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    logits = _shared_prompt_logits(model, ids, attention, positions, completion_width) if share_prompts else None
-    if logits is None:
+    if share_prompts:
+        logits = _shared_prompt_logits(model, ids, attention, positions, completion_width)
+    else:
         logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
         logits = logits[:, -completion_width - 1 : -1]
     targets = ids[:, -completion_width:]
@@ -80,17 +57,16 @@ def forward_logprobs(
 
 def _shared_prompt_logits(
     model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, completion_width: int
-) -> torch.Tensor | None:
-    """Logits predicting each completion token, running every distinct prompt once; None if none repeats.
+) -> torch.Tensor:
+    """Logits predicting each completion token, running every distinct prompt once.
 
     A GRPO group is n samples of one prompt: the prompt's keys/values are computed once, with gradients, and
     every completion of the group attends to them, so the prompt costs 1/n of its tokens and gradients flow
-    back through the shared cache exactly as through n copies.
+    back through the shared cache exactly as through n copies. It takes two forwards even when no prompt
+    repeats: sharded ranks must all run the same forwards, whatever their rows hold.
     """
     prompt_width = ids.shape[1] - completion_width
     prompts, inverse = torch.unique(ids[:, :prompt_width], dim=0, return_inverse=True)
-    if len(prompts) == len(ids):
-        return None
     # The row of each distinct prompt's first occurrence (scatter keeps the last write: the lowest row).
     first = torch.empty(len(prompts), dtype=torch.long, device=ids.device)
     first.scatter_(0, inverse.flip(0), torch.arange(len(ids) - 1, -1, -1, device=ids.device))
@@ -141,57 +117,25 @@ def score(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: f
     return out
 
 
-class PolicyWorker:
+class PolicyWorker(sharding.Rank):
     def __init__(
         self, rank: int, world_size: int, recipe: Recipe, model_uri: str, cache_dir: str, num_threads: int
     ) -> None:
-        torch.set_num_threads(num_threads)
-        self.rank, self.world_size = rank, world_size
+        super().__init__(rank, world_size, model_uri, cache_dir, num_threads)
         self.recipe = recipe
-        # Each rank materialises on its own node; on one node the verified cache is shared.
-        self.model_dir = materialise(model_uri, Path(cache_dir))
-        cuda = torch.cuda.is_available()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
-    def address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the process group (called on rank 0 only)."""
-        return node_ip(), free_port()
-
-    def node(self) -> str:
-        return node_ip()
-
-    def setup(self, master_addr: str, master_port: int) -> None:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
-        weight_sync.prefer_loopback(master_addr)
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend, rank=self.rank, world_size=self.world_size, timeout=datetime.timedelta(minutes=10)
-        )
+    def setup(self, master_addr: str, master_port: int) -> str:
+        """Join the policy's group, load and shard the model (and its reference); says how it is sharded."""
+        self.join_group(master_addr, master_port)
         trainer = self.recipe.trainer
         torch.manual_seed(trainer.seed)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
         self.ref = None
         if trainer.algorithm.use_kl_loss and self.recipe.reference_workers == 0:
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        self.fsdp = trainer.strategy == "fsdp2" and self.device.type == "cuda"
-        self.model = self._wrap(model)
-        self.module = model
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        described = sharding.shard([self.model] if self.ref is None else [self.model, self.ref], self.device)
         self.optimizer, self.scheduler = self._optimizer()
-
-    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2 on GPUs (the reference too), DDP across several CPU ranks, the bare model on one rank."""
-        if self.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for module in (model, self.ref) if self.ref is not None else (model,):
-                for layer in module.model.layers:
-                    fully_shard(layer)
-                fully_shard(module)
-            return model
-        if self.world_size > 1:
-            return torch.nn.parallel.DistributedDataParallel(model)
-        # One rank has nothing to average; DDP's hooks would cost ~15% of each micro-batch on CPU.
-        return model
+        return described
 
     def _optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
         trainer = self.recipe.trainer
@@ -255,12 +199,10 @@ class PolicyWorker:
         """Accumulate the mini-batch `rows` in micro-batches, clip, step; returns the gradient norm."""
         self.optimizer.zero_grad(set_to_none=True)
         starts = range(rows.start, rows.stop, micro)
-        for n, start in enumerate(starts):
+        for start in starts:
             part = slice(start, min(start + micro, rows.stop))
             batch, width = _take(shard, part)
-            # DDP all-reduces only on the mini-batch's last micro-batch; FSDP2 reduce-scatters every time.
-            if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-                self.model.require_backward_grad_sync = n == len(starts) - 1
+            # FSDP2 reduce-scatters every micro-batch: waiting for the last would keep whole gradients on each rank.
             loss, old_part = self._micro_loss(
                 batch,
                 None if old is None else old[part, :width],
@@ -353,12 +295,12 @@ class PolicyWorker:
 
     def weight_specs(self) -> list[weight_sync.TensorSpec] | None:
         """Names, shapes and dtypes of the full weights, on rank 0; None elsewhere. Every rank must call this."""
-        state = get_model_state_dict(self.model, options=FULL)
+        state = sharding.full_state(self.model)
         return weight_sync.specs_of(state) if self.rank == 0 else None
 
     def broadcast_weights(self) -> None:
         """Gather the full weights and broadcast them to the engines (rank 0 sends). Every rank must call this."""
-        state = get_model_state_dict(self.model, options=FULL)
+        state = sharding.full_state(self.model)
         if self.rank == 0:
             group, backend = self.weight_sync
             weight_sync.send(group, state, backend)
@@ -372,52 +314,33 @@ class PolicyWorker:
             logp, _ = forward_logprobs(self.model, batch, 1.0, False)
         return logp[0].cpu().tolist()
 
-    def save_checkpoint(self, step_uri: str) -> None:
-        """Write policy/ (a complete HF folder) and optimizer.pt under `step_uri` (rank 0 writes)."""
-        model_state = get_model_state_dict(self.model, options=FULL)
-        optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
-        if self.rank != 0:
-            return
-        with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-            self._write_checkpoint(Path(tmp), model_state, optim_state)
-            storage.put_dir(Path(tmp), step_uri)
+    def save_checkpoint(self, step_uri: str, with_hf_folder: bool) -> None:
+        """Every rank writes its shards; with `with_hf_folder`, rank 0 also writes the full weights as an HF folder."""
+        sharding.save(storage.join(step_uri, layout.SHARDED), self.model, self.optimizer, self.scheduler)
+        if with_hf_folder:
+            state = sharding.full_state(self.model)
+            if self.rank == 0:
+                self._write_hf_folder(state, storage.join(step_uri, layout.HF_FOLDER))
 
-    def _write_checkpoint(self, out: Path, model_state: dict[str, Any], optim_state: dict[str, Any]) -> None:
-        (out / "policy").mkdir(parents=True, exist_ok=True)
-        config = self.module.config
+    def _write_hf_folder(self, state: dict[str, torch.Tensor], uri: str) -> None:
+        config = self.model.config
         if config.tie_word_embeddings:
             # A tied head shares the embedding's storage; safetensors refuses shared tensors, HF re-ties on load.
-            model_state = {k: v for k, v in model_state.items() if k != "lm_head.weight"}
-        save_file(
-            {k: v.contiguous() for k, v in model_state.items()},
-            out / "policy" / "model.safetensors",
-            metadata={"format": "pt"},
-        )
-        config.save_pretrained(out / "policy")
-        for path in self.model_dir.iterdir():
-            if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges")):
-                shutil.copy2(path, out / "policy" / path.name)
-        torch.save({"optimizer": optim_state, "scheduler": self.scheduler.state_dict()}, out / "optimizer.pt")
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+        with tempfile.TemporaryDirectory(prefix="hf-") as tmp:
+            out = Path(tmp)
+            save_file(
+                {k: v.contiguous() for k, v in state.items()}, out / "model.safetensors", metadata={"format": "pt"}
+            )
+            config.save_pretrained(out)
+            for path in self.model_dir.iterdir():
+                if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges")):
+                    shutil.copy2(path, out / path.name)
+            storage.put_dir(out, uri)
 
     def load_checkpoint(self, step_uri: str) -> None:
-        """Load policy weights and optimizer state from a checkpoint (every rank reads it)."""
-        with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-            self._read_checkpoint(storage.get_dir(step_uri, Path(tmp)))
-
-    def _read_checkpoint(self, folder: Path) -> None:
-        state = load_file(folder / "policy" / "model.safetensors")
-        if AutoConfig.from_pretrained(folder / "policy").tie_word_embeddings:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
-        saved = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False)
-        set_optimizer_state_dict(
-            self.model, self.optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True)
-        )
-        self.scheduler.load_state_dict(saved["scheduler"])
-
-    def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Load this rank's shards of the weights, optimizer and scheduler. Every rank must call this."""
+        sharding.load(storage.join(step_uri, layout.SHARDED), self.model, self.optimizer, self.scheduler)
 
 
 _SUMMED = ("pg_loss", "kl_tokens", "entropy_tokens", "clipped_tokens")

@@ -34,7 +34,7 @@ class Roles:
     policy: list[Any]
     engines: list[Any]
     reference: list[Any]
-    group: PlacementGroup
+    groups: list[PlacementGroup]
     started_ray: bool = False
     weight_specs: list[TensorSpec] = field(default_factory=list)
 
@@ -47,10 +47,17 @@ class Roles:
         return [r for part in ray.get(futures) for r in part]
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
-        """Score the batch on the reference workers, a contiguous share of rows each."""
-        size = -(-batch["input_ids"].shape[0] // len(self.reference))
-        parts = [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(len(self.reference))]
-        return torch.cat(ray.get([w.logprobs.remote(p) for w, p in zip(self.reference, parts, strict=True)]))
+        """Score the batch on the reference workers, an equal contiguous share of rows each.
+
+        Sharded workers run their forwards together, so every share has the same rows: the last one is topped up
+        with copies of the final row, whose scores are dropped.
+        """
+        rows = batch["input_ids"].shape[0]
+        size = -(-rows // len(self.reference))
+        index = torch.arange(size * len(self.reference)).clamp(max=rows - 1)
+        parts = [{k: v[index[i * size : (i + 1) * size]] for k, v in batch.items()} for i in range(len(self.reference))]
+        scores = ray.get([w.logprobs.remote(p) for w, p in zip(self.reference, parts, strict=True)])
+        return torch.cat(scores)[:rows]
 
     def update(self, batch: UpdateBatch, minis: int, micro: int) -> dict[str, float]:
         """One global step of optimisation on every policy rank, each on its shard; rank 0's statistics."""
@@ -100,16 +107,18 @@ class Roles:
             )
         return worst
 
-    def save_checkpoint(self, uri: str) -> None:
-        ray.get([w.save_checkpoint.remote(uri) for w in self.policy])
+    def save_checkpoint(self, uri: str, with_hf_folder: bool) -> None:
+        """Every policy rank writes its shards under `uri` (and rank 0 the HF folder when asked)."""
+        ray.get([w.save_checkpoint.remote(uri, with_hf_folder) for w in self.policy])
 
     def load_checkpoint(self, uri: str) -> None:
         ray.get([w.load_checkpoint.remote(uri) for w in self.policy])
 
     def shutdown(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.policy])
+        ray.get([w.shutdown.remote() for w in [*self.policy, *self.reference]])
         for actor in [*self.policy, *self.engines, *self.reference]:
             ray.kill(actor)
-        remove_placement_group(self.group)
+        for group in self.groups:
+            remove_placement_group(group)
         if self.started_ray:
             ray.shutdown()

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from rlbuild import storage
+from rlbuild.checkpoints import HF_FOLDER
 from rlbuild.launch import LaunchDocument
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import TrainerError
@@ -45,7 +46,7 @@ def write_terminal(
     manifest = {
         "global_step": step,
         "checkpoint_path": checkpoint,
-        "hf_path": storage.join(checkpoint, "policy"),
+        "hf_path": storage.join(checkpoint, HF_FOLDER),
         "export_path": launch.artifacts.export_root,
         "runtime_source_digest": checkpoints.runtime_digest,
         "inputs": {

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 from iris.client import JobState
 
+from rlbuild import runtime
+from rlbuild.gang import check_runtime
 from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
 from snakemake_executor_plugin_iris.status import Outcome, outcome
+from tests.launches import write_test_launch
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
@@ -138,3 +141,25 @@ def test_an_unreachable_controller_fails_at_start_with_a_fix(tmp_path: Path) -> 
     assert result.returncode != 0
     assert "Iris controller at http://127.0.0.1:9 is unreachable" in result.stderr
     assert "check --iris-controller-url" in result.stderr
+
+
+def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp_path: Path) -> None:
+    launch = write_test_launch(tmp_path)
+    check_runtime(str(launch))  # planned from this checkout: the node's code is the plan's
+    planned = "feed" * 16
+    text = launch.read_text()
+    assert runtime.source_digest() in text
+    launch.write_text(text.replace(runtime.source_digest(), planned))
+    env = {"IRIS_TASK_ID": "/root/train-x-a1-abc/0:0", "PATH": "/usr/bin:/bin"}
+    argv = ["--nodes", "1", "--gang-id", "g", "--launch", str(launch), "--rendezvous-root", str(tmp_path / "rdv")]
+    result = subprocess.run(
+        [sys.executable, "-m", "rlbuild.gang", *argv, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert f"this node runs runtime source digest {runtime.source_digest()}" in result.stderr
+    assert f"was planned for {planned}" in result.stderr and "Run the job from the checkout" in result.stderr
+    assert not (tmp_path / "rdv").exists(), "nothing may start (no Ray head, no rendezvous) on a mismatched node"

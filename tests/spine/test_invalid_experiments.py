@@ -106,6 +106,24 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         [("role_plan.inference_engine_data_parallel_size", "one engine's ranks TP*PP*DP=4*1*4=16 do not fit")],
     ),
     (
+        # 24 free GPUs add up, but a 3-GPU engine stays on one 8-GPU node: 2 per node, 6 on 3 nodes.
+        "engines-do-not-pack-onto-free-nodes",
+        {
+            "topology__num_nodes": 7,
+            RP + "num_inference_engines": 8,
+            RP + "inference_engine_tensor_parallel_size": 3,
+            RP + "inference_engine_data_parallel_size": 1,
+        },
+        "dev",
+        [
+            (
+                "role_plan.num_inference_engines",
+                "8 engines of TP*PP*DP=3*1*1=3 GPUs do not pack onto the 3 free 8-GPU node(s) (nodes 4-6): an engine "
+                "stays on one node, so 2 fit per node, 6 in all",
+            )
+        ],
+    ),
+    (
         "ep-not-dividing",
         {RP + "inference_engine_expert_parallel_size": 3},
         "dev",
@@ -179,7 +197,8 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "dev",
         [
             ("role_plan.policy_num_gpus_per_node", "policy_num_gpus_per_node=4 does not fill a 8-GPU node"),
-            ("role_plan.num_inference_engines", "the plan describes 48 of 64 allocated GPUs"),
+            # 6 engines would make 64 GPUs, but not on the 4 nodes a whole-node policy leaves: no fix offered.
+            ("topology.num_nodes", "the plan describes 48 of 64 allocated GPUs"),
         ],
     ),
     (

@@ -7,12 +7,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from rlbuild import runtime, storage
 from rlbuild.checkpoints import CheckpointLayoutError
 from rlbuild.launch import LaunchDocument, load_launch
 from tests.launches import write_test_launch
-from trainer import loop
+from trainer import loop, sharding, tiny
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.errors import TrainerError
 
@@ -98,3 +100,32 @@ def test_existing_terminal_manifest_is_never_overwritten(tmp_path: Path) -> None
     manager = CheckpointManager(launch.artifacts.checkpoint_root, keep=1, runtime_digest="d")
     with pytest.raises(TrainerError, match="already exists"):
         loop.start_point(launch, str(terminal), manager, True)
+
+
+def _training_state(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    model = tiny.build_model(tiny.build_tokenizer(), seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0 / (n + 1))
+
+
+def test_a_sharded_checkpoint_round_trips_through_s3(s3_root: str) -> None:
+    """What a rank writes with torch.distributed.checkpoint through fsspec, with rlbuild.storage's S3 settings."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model, optimizer, scheduler = _training_state(seed=0)
+        for _ in range(2):
+            model(input_ids=torch.tensor([[1, 5, 6, 7]]), labels=torch.tensor([[1, 5, 6, 7]])).loss.backward()
+            optimizer.step()
+            scheduler.step()
+        uri = f"{s3_root}/ckpt/global_step_2/sharded"
+        sharding.save(uri, model, optimizer, scheduler)
+        assert {".metadata", "__0_0.distcp"} <= set(storage.list_names(uri))
+        restored, restored_optimizer, restored_scheduler = _training_state(seed=1)
+        sharding.load(uri, restored, restored_optimizer, restored_scheduler)
+    finally:
+        dist.destroy_process_group()
+    for name, value in model.state_dict().items():
+        assert torch.equal(restored.state_dict()[name], value), name
+    saved, loaded = optimizer.state_dict()["state"], restored_optimizer.state_dict()["state"]
+    assert all(torch.equal(saved[i]["exp_avg_sq"], loaded[i]["exp_avg_sq"]) for i in saved)
+    assert restored_scheduler.last_epoch == 2 and restored_scheduler.get_last_lr() == scheduler.get_last_lr()

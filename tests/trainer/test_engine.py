@@ -16,7 +16,8 @@ from trainer import engines, tasks, weight_sync
 from trainer.batch import build_batch
 from trainer.engines import SamplingParams, TorchEngine
 from trainer.errors import TrainerError
-from trainer.policy import forward_logprobs, free_port
+from trainer.policy import forward_logprobs
+from trainer.sharding import free_port
 
 
 @pytest.fixture(scope="module")

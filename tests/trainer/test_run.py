@@ -14,7 +14,7 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.launches import write_test_launch
+from tests.launches import placeable, write_test_launch
 
 METRIC_KEYS = {
     "reward_mean",
@@ -91,38 +91,74 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     assert 0.0 <= scores["accuracy"] <= 1.0 and 0.0 <= scores["pass_at_k"] <= 1.0
 
 
-@pytest.mark.timeout(600)
-def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Path) -> None:
-    launch = write_test_launch(tmp_path, recipe={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
-    doc = _doc(launch)
-    latest = Path(doc["artifacts"]["checkpoint_root"]) / "latest"
+def kill_after_a_checkpoint(launch: Path, log: Path) -> int:
+    """Start training, SIGKILL it (driver, its local Ray and the actors) once a checkpoint exists; its step."""
+    latest = Path(_doc(launch)["artifacts"]["checkpoint_root"]) / "latest"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    first = subprocess.Popen(
-        [sys.executable, "-m", "trainer", "run", "--launch", str(launch)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with log.open("w") as out:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "run", "--launch", str(launch)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 300
     while not latest.exists() and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.2)
-    # Kill the whole process group (driver, its local Ray and the actors), as a preempted node would be.
+    # Kill the whole process group, as a preempted node would be.
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    assert latest.exists(), "no checkpoint appeared before the deadline"
-    killed_at = int(latest.read_text())
-    assert killed_at < 6
-    assert not Path(doc["artifacts"]["terminal_manifest_uri"]).exists()
+    assert latest.exists(), f"no checkpoint appeared before the deadline: {log.read_text()[-3000:]}"
+    return int(latest.read_text())
 
+
+def resume_to_the_end(launch: Path, killed_at: int, max_steps: int) -> subprocess.CompletedProcess[str]:
+    doc = _doc(launch)
+    assert killed_at < max_steps
+    assert not Path(doc["artifacts"]["terminal_manifest_uri"]).exists()
     resumed = trainer("run", "--launch", str(launch), timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (
-        f"resumed from {doc['artifacts']['checkpoint_root']}/global_step_{killed_at}" in resumed.stdout + resumed.stderr
-    )
+    logs = resumed.stdout + resumed.stderr
+    assert f"resumed from {doc['artifacts']['checkpoint_root']}/global_step_{killed_at}" in logs
     terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
-    assert terminal["global_step"] == 6
-    assert [r["step"] for r in _metrics(doc)] == [1, 2, 3, 4, 5, 6]
+    assert terminal["global_step"] == max_steps
+    assert [r["step"] for r in _metrics(doc)] == list(range(1, max_steps + 1))
+    return resumed
+
+
+@pytest.mark.timeout(600)
+def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Path) -> None:
+    launch = write_test_launch(tmp_path, recipe={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
+    resume_to_the_end(launch, kill_after_a_checkpoint(launch, tmp_path / "first.log"), 6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(800)
+@placeable(2)
+def test_fsdp2_on_two_ranks_shards_checkpoints_resumes_after_a_kill_and_exports(tmp_path: Path) -> None:
+    # The test experiment on ONE node of two CPU "GPUs": the policy on both (FSDP2 over gloo), two colocated engines.
+    launch = write_test_launch(
+        tmp_path,
+        topology={"num_nodes": 1, "gpus_per_node": 2},
+        role_plan={"policy_num_gpus_per_node": 2, "num_inference_engines": 2},
+        recipe={"trainer": {"max_steps": 4, "ckpt_interval": 1}},
+    )
+    doc = _doc(launch)
+    killed_at = kill_after_a_checkpoint(launch, tmp_path / "first.log")
+    first_log = (tmp_path / "first.log").read_text()
+    assert "[trainer] policy: fsdp2 on 2 ranks (cpu, gloo): fully_shard" in first_log
+    assert "engines (index@GPUs, 1 GPU(s) each) node 0: 0@0-0, 1@1-1" in first_log
+    step = Path(doc["artifacts"]["checkpoint_root"]) / f"global_step_{killed_at}"
+    assert {p.name for p in (step / "sharded").iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    assert not (step / "policy").exists(), "only the terminal checkpoint carries an HF folder"
+
+    resume_to_the_end(launch, killed_at, 4)
+    out = tmp_path / "export"
+    terminal = doc["artifacts"]["terminal_manifest_uri"]
+    exported = trainer("export", "--launch", str(launch), "--terminal", terminal, "--out", str(out))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert AutoModelForCausalLM.from_pretrained(out, local_files_only=True).config.vocab_size > 0
 
 
 @pytest.mark.slow
