@@ -112,7 +112,8 @@ def test_check_rejects_engines_that_do_not_pack_and_accepts_those_that_do(
     assert main(["check", str(accepted), "--json", "--storage-root", str(tmp_path / "s")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True
-    assert report["plan"]["geometry"]["layout"] == (
+    (plan,) = report["plans"].values()
+    assert plan["geometry"]["layout"] == (
         "policy nodes 0-3; engines on nodes 4-6, up to 2 per node, 4 GPU(s) each on one node"
     )
 
