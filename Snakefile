@@ -40,9 +40,19 @@ wildcard_constraints:
     version=r"[^/]+",
 
 
+onstart:
+    GRAPH.on_start(workflow)
+
+
+# Staging and launch resolution run beside Snakemake under every executor: on clusters the submitting host is
+# the one that reaches model hubs (compute nodes often cannot).
 localrules:
     all,
     identity_marker,
+    base_model,
+    stage_model,
+    stage_data,
+    resolve_launch,
 
 
 rule all:

@@ -119,10 +119,15 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rlbuild import chain
+
     command = ["run", "--launch", args.launch, "--terminal", args.terminal]
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         command.append("--allow-retrain")
-    code = _trainer(*command)
+    if chain.in_slurm_job(os.environ):  # one link of a chain: the gang over srun, requeued until done
+        code = chain.run_link(args.launch, command, args.max_links, args.stop_lead, os.environ)
+    else:
+        code = _trainer(*command)
     if code == 0:
         _write_record(Path(args.record), _derived(args.launch, "train"))
     return code
@@ -188,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--terminal", required=True)
     train.add_argument("--record", required=True)
     train.add_argument("--allow-retrain", action="store_true", help="retrain a fixed version's completed run")
+    train.add_argument("--max-links", type=int, default=1, help="on Slurm: jobs the chain may take")
+    train.add_argument(
+        "--stop-lead", type=int, default=0, help="on Slurm: seconds before the limit at which training hands over"
+    )
     train.set_defaults(func=cmd_train)
 
     export = sub.add_parser("export", help="export the terminal checkpoint as a Hugging Face folder")

@@ -19,6 +19,20 @@ from rlbuild.validation import violations
 VERSION_PATTERN = re.compile(r"^(\d{4}\.\d{2}\.\d{2}(\.\d+)?|dev)$")
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 SIZE_PATTERN = re.compile(r"^(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+SIZE_MB = {"KB": 1e-3, "MB": 1.0, "GB": 1e3, "TB": 1e6}
+SIZE_MB |= {unit: 1024**power / 1e6 for power, unit in enumerate(["KiB", "MiB", "GiB", "TiB"], 1)}
+
+
+def check_size(value: str) -> str:
+    if not SIZE_PATTERN.match(value.strip()):
+        raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+    return value.strip()
+
+
+def size_mb(value: str) -> int:
+    """A checked size in megabytes (1GB = 1000MB; 1GiB = 1073.7MB)."""
+    number, _, unit = SIZE_PATTERN.match(value.strip()).groups()  # type: ignore[union-attr]
+    return int(float(number) * SIZE_MB[unit])
 
 
 class _Strict(BaseModel):
@@ -95,13 +109,62 @@ class IrisExecution(_Strict):
     @field_validator("memory", "disk")
     @classmethod
     def _size(cls, value: str) -> str:
-        if not SIZE_PATTERN.match(value.strip()):
-            raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+        return check_size(value)
+
+
+TIME_LIMIT_PATTERN = re.compile(r"^(?:(\d+)-)?(\d+):(\d{2}):(\d{2})$")
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's `[D-]HH:MM:SS` as seconds (the form `sbatch --time` and `sinfo` print)."""
+    match = TIME_LIMIT_PATTERN.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a Slurm time limit; write it like '11:59:00' or '1-00:00:00'")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class SlurmExecution(_Strict):
+    """Placement on Slurm. Never part of an artifact's identity.
+
+    `account` and `partition` are checked by preflight (not required here) so that every Slurm problem of an
+    experiment is reported in one pass, with the others.
+    """
+
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    time_limit: str = Field(description="wall-clock limit of one link of the train chain, [D-]HH:MM:SS")
+    max_links: PositiveInt = Field(default=4, description="jobs a train chain may take before it fails")
+    signal_lead_s: PositiveInt = Field(
+        default=300, description="seconds before the limit at which training checkpoints and hands over"
+    )
+    step_time_s: float | None = Field(default=None, gt=0, description="expected seconds per training step")
+    cpus_per_node: PositiveInt | None = None
+    memory_per_node: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, value: str) -> str:
+        if time_limit_seconds(value) < 60:
+            raise ValueError(f"{value!r} is under a minute, Slurm's smallest time limit")
         return value.strip()
+
+    @field_validator("memory_per_node")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return None if value is None else check_size(value)
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
 
 
 class Execution(_Strict):
     iris: IrisExecution | None = None
+    slurm: SlurmExecution | None = None
 
 
 class Experiment(_Strict):

@@ -12,15 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlbuild import slurm
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.errors import PreflightError, RlbuildError, Violation
 from rlbuild.identity import check_drift
+from rlbuild.jobenv import restrict_to_forwarded
 from rlbuild.plan import Plan, resolve
 from rlbuild.planview import format_plan
 from rlbuild.preflight import check_experiment, check_model_shape
 from rlbuild.redact import redact_text
 from rlbuild.spec import Experiment, check_version, load_experiment
-from rlbuild.storage import join, read_json
+from rlbuild.storage import join, read_json, read_text
 
 
 def fail(error: RlbuildError) -> None:
@@ -88,6 +90,9 @@ class Graph:
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
         _, violations = check_experiment(self.experiment)
+        placement = self.experiment.execution.slurm
+        if placement is not None and placement.partition:  # asked only where Slurm answers (sinfo)
+            violations += slurm.check_partition(self.experiment, slurm.query_partition(placement.partition))
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
 
@@ -116,6 +121,7 @@ class Graph:
                 raise PreflightError(str(self.experiment_file), problems)
             plan = resolve(self.experiment, version, self.storage_root, source=str(self.experiment_file))
             check_drift(version, plan.records, lambda kind: read_json(plan.uri(artifact(kind).record(version))))
+            step_time = self._measured_step_time(plan)
             staged_model = artifact("stage_model").path(version)
             model_config = read_json(plan.uri(f"{staged_model}/config.json"))
             problems = check_model_shape(model_config or {}, self.experiment)
@@ -123,8 +129,21 @@ class Graph:
                 raise PreflightError(f"{self.experiment_file} (staged model {staged_model})", problems)
             self._plans[version] = plan
             if self.announce:
-                print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)
+                print(format_plan(plan, self.terminal_stage(version), step_time), file=sys.stderr)
         return self._plans[version]
+
+    def _measured_step_time(self, plan: Plan) -> float | None:
+        """Seconds per step measured by an earlier run of this version (a previous link, a crashed attempt), when
+        the experiment states none; a chain that would not fit its links stops here."""
+        placement = self.experiment.execution.slurm
+        if placement is None or placement.step_time_s is not None:
+            return None
+        measured = slurm.measured_step_time(read_text(plan.launch.artifacts.metrics_uri))
+        t = plan.recipe.trainer
+        problems = slurm.check_chain(self.experiment, t.max_steps, t.ckpt_interval, measured)
+        if problems:
+            raise PreflightError(f"{self.experiment_file} (step time measured in an earlier run)", problems)
+        return measured
 
     def checked(self, version: str) -> Plan:
         """`plan`, with errors reported for a person and Snakemake stopped (input functions call this)."""
@@ -152,8 +171,22 @@ class Graph:
             inputs["base_model"] = artifact("base_model").path(wildcards.version)
         return inputs
 
+    def on_start(self, workflow: Any) -> None:
+        """Before the first submission (the Snakefile's `onstart`): under Slurm, whose plugin submits with
+        `sbatch --export=ALL`, cut this process's environment to what jobs may receive."""
+        plugin = getattr(workflow, "executor_plugin", None)
+        if plugin is None or plugin.name != "slurm":
+            return
+        removed = restrict_to_forwarded(os.environ)
+        if removed:
+            print(f"rlbuild: not passed to Slurm jobs: {', '.join(removed)}", file=sys.stderr)
+
+    def cluster_resources(self) -> dict[str, int | str]:
+        """Resources of the rules that run on a cluster besides train (Slurm account, partition, QoS)."""
+        return slurm.cluster_resources(self.experiment)
+
     def gang_resources(self) -> dict[str, int | str]:
-        """Resources the Iris executor reads to run `train` as one gang of whole nodes."""
+        """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""
         topology, iris = self.experiment.topology, self.experiment.execution.iris
         resources: dict[str, int | str] = {
             "gpu_nodes": topology.num_nodes,
@@ -168,4 +201,4 @@ class Graph:
                 "iris_priority": iris.priority,
                 "iris_max_retries": iris.max_retries,
             }
-        return resources
+        return resources | slurm.gang_resources(self.experiment)

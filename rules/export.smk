@@ -7,6 +7,8 @@ rule export:
         terminal=ARTIFACT["train"].path(),
     output:
         directory(ARTIFACT["export"].path()),
+    resources:
+        **GRAPH.cluster_resources(),
     log:
         "logs/export/v{version}.log",
     shell:

@@ -1,5 +1,6 @@
 rule train:
-    # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; locally, a local Ray.
+    # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; under the slurm profile one
+    # Slurm job of whole nodes, chained past its wall-clock limit (rlbuild/chain.py); locally, a local Ray.
     input:
         GRAPH.marker("train"),
         launch=ARTIFACT["launch"].path(),
@@ -15,4 +16,4 @@ rule train:
         **GRAPH.gang_resources(),
     shell:
         "{RLBUILD} train --launch {input.launch:q} --terminal {output.terminal:q} --record {output.record:q} "
-        "2>&1 | tee {log:q}"
+        "--max-links {resources.chain_max_links} --stop-lead {resources.chain_signal_lead_s} 2>&1 | tee {log:q}"
