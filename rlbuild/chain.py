@@ -66,9 +66,13 @@ class Job:
 
 
 def gang_argv(launch_path: str, trainer_argv: Sequence[str], job: Job) -> list[str]:
-    """srun: one task per node, all of the node (CPUs, GPUs), each running the gang bootstrap; rank 0 the trainer."""
+    """srun: one task per node, all of the node (CPUs, GPUs), each running the gang bootstrap; rank 0 the trainer.
+
+    No --kill-on-bad-exit: srun's exit code is the highest of its tasks', and rank 0's "to be continued" (75) must
+    reach the chain, not the SIGTERM code of workers srun would kill; workers leave on their own once rank 0 ends
+    (the rendezvous outcome) or their Ray head goes."""
     allocation = load_launch(launch_path).iris.allocation
-    srun = ["srun", f"--nodes={allocation.num_nodes}", "--ntasks-per-node=1", "--whole", "--kill-on-bad-exit=1"]
+    srun = ["srun", f"--nodes={allocation.num_nodes}", "--ntasks-per-node=1", "--whole"]
     if allocation.gpu_variant.lower() != CPU_VARIANT:
         srun.append(f"--gres=gpu:{allocation.gpus_per_node}")
     gang = [sys.executable, "-m", "rlbuild.gang", "--nodes", str(allocation.num_nodes)]

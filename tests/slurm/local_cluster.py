@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 NODES = ("n1", "n2")
@@ -49,7 +50,9 @@ def slurm_conf(base: Path, ports: dict[str, int]) -> str:
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={base / 'munge' / 'socket'}",
+        # Credentials expire after 10 s, not 120: a requeued job (the next link of a chain) waits that long plus one
+        # second before it may start again.
+        f"AuthInfo=socket={base / 'munge' / 'socket'},cred_expire=10",
         f"StateSaveLocation={base / 'state'}",
         f"SlurmdSpoolDir={base / 'spool'}/%n",
         f"SlurmctldPidFile={base / 'slurmctld.pid'}",
@@ -111,7 +114,7 @@ class LocalSlurm:
         self._spawn(
             "munged",
             ["munged", "--foreground", "--force", f"--socket={munge / 'socket'}", f"--key-file={key}"]
-            + [f"--pid-file={munge / 'pid'}", f"--seed-file={munge / 'seed'}", f"--log-file={munge / 'log'}"],
+            + [f"--{name}-file={munge / name}" for name in ("pid", "seed", "log")],
         )
         self._wait(lambda: (munge / "socket").exists(), "munged's socket")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
@@ -146,7 +149,7 @@ class LocalSlurm:
         states = self._query(["sinfo", "--noheader", "--Node", "--partition", "gpu", "--format=%N %t"]).split("\n")
         return len(states) == len(NODES) and all(line.endswith("idle") for line in states)
 
-    def _wait(self, ready, what: str) -> None:  # noqa: ANN001
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ready():
             dead = [p.args[0] for p in self.processes if p.poll() is not None]
@@ -160,6 +163,13 @@ class LocalSlurm:
         """Every job the controller still knows: id -> state."""
         lines = self._query(["squeue", "--noheader", "--states=all", "--format=%i|%T"]).splitlines()
         return dict(line.split("|", 1) for line in lines if "|" in line)
+
+    def show_job(self, job: str) -> str:
+        return self._query(["scontrol", "show", "job", job])
+
+    def batch_script(self, job: str) -> str:
+        """The script Slurm runs for a job, as it stored it at submission."""
+        return self._query(["scontrol", "write", "batch_script", job, "-"])
 
     def stop(self) -> None:
         if any(p.poll() is None for p in self.processes):
