@@ -17,9 +17,10 @@ from rlbuild.artifacts import RECORD_NAME
 from rlbuild.errors import PreflightError, RlbuildError
 from rlbuild.identity import derived_record
 from rlbuild.launch import dump_launch
-from rlbuild.plan import Plan, resolve_file
+from rlbuild.plan import Plan, resolve, resolve_file
 from rlbuild.planview import format_plan, plan_dict
 from rlbuild.redact import redact_text
+from rlbuild.spec import load_experiment
 
 EXIT_INVALID = 2
 ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"  # set by `--config allow_retrain=true`; forwarded to Iris jobs (RLBUILD_*)
@@ -51,9 +52,24 @@ def _derived(launch_path: str, kind: str) -> dict:
     return derived_record(launch_record, kind)
 
 
+def _checked_plan(args: argparse.Namespace) -> Plan:
+    """Every check `rlbuild check` runs, problems of the plan and of the Slurm partition reported together."""
+    from rlbuild.slurm import partition_problems
+
+    experiment = load_experiment(Path(args.experiment))
+    problems = partition_problems(experiment)  # asked only where Slurm answers (sinfo)
+    try:
+        plan = resolve(experiment, args.version, _storage_root(args.storage_root), source=args.experiment)
+    except PreflightError as exc:
+        raise PreflightError(args.experiment, exc.violations + problems) from None
+    if problems:
+        raise PreflightError(args.experiment, problems)
+    return plan
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        plan = _plan(args)
+        plan = _checked_plan(args)
     except PreflightError as exc:
         if args.json:
             print(json.dumps({"ok": False, "errors": [v.as_dict() for v in exc.violations]}, indent=2))

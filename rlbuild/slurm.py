@@ -125,7 +125,7 @@ def check_chain(
                 f"raise it above {math.ceil(step_time_s * 2)} s (a step and its checkpoint)",
             )
         )
-    interval = ckpt_interval if ckpt_interval > 0 else max_steps
+    interval = min(ckpt_interval, max_steps)  # the last step is always checkpointed
     if interval * step_time_s > usable_seconds(slurm):
         out.append(
             Violation(
@@ -182,6 +182,14 @@ def query_partition(name: str) -> Partition | None:
         if node:
             gpus[node] = sum(int(n) for n in _GPUS.findall(gres))
     return Partition(name, list(gpus.values()))
+
+
+def partition_problems(experiment: Experiment) -> list[Violation]:
+    """The partition checks, asked of Slurm itself when it answers (else none)."""
+    slurm = experiment.execution.slurm
+    if slurm is None or not slurm.partition:
+        return []
+    return check_partition(experiment, query_partition(slurm.partition))
 
 
 def check_partition(experiment: Experiment, partition: Partition | None) -> list[Violation]:

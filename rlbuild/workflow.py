@@ -90,9 +90,8 @@ class Graph:
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
         _, violations = check_experiment(self.experiment)
-        placement = self.experiment.execution.slurm
-        if placement is not None and placement.partition:  # asked only where Slurm answers (sinfo)
-            violations += slurm.check_partition(self.experiment, slurm.query_partition(placement.partition))
+        if self.announce:  # the submitting process; jobs re-read the Snakefile after it checked everything
+            violations += slurm.partition_problems(self.experiment)  # asked only where Slurm answers (sinfo)
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
 
@@ -136,8 +135,8 @@ class Graph:
         """Seconds per step measured by an earlier run of this version (a previous link, a crashed attempt), when
         the experiment states none; a chain that would not fit its links stops here."""
         placement = self.experiment.execution.slurm
-        if placement is None or placement.step_time_s is not None:
-            return None
+        if placement is None or placement.step_time_s is not None or not self.announce:
+            return None  # in a job (a later link reads the earlier links' metrics), the submitter has checked
         measured = slurm.measured_step_time(read_text(plan.launch.artifacts.metrics_uri))
         t = plan.recipe.trainer
         problems = slurm.check_chain(self.experiment, t.max_steps, t.ckpt_interval, measured)
