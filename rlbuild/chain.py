@@ -93,7 +93,7 @@ def run_link(
     log(f"link {link} of at most {max_links} of Slurm job {job.id}; limit at {_clock(job.end_time)}{hand_over}")
     code = subprocess.call(gang_argv(launch_path, trainer_argv, job), env=env)
     if code != CONTINUE_EXIT_CODE:
-        log(f"link {link}: the gang exited {code}; the chain ends here")
+        log(f"link {link}: training {'finished' if code == 0 else f'failed (exit {code})'}; the chain ends here")
         return code
     if link >= max_links:
         log(
