@@ -42,11 +42,33 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
     if not settings.default_storage_provider:
         return str(local_root.resolve())
     _export_s3_settings(workflow)
+    recheck_missing_directories()
     prefix = settings.default_storage_prefix.rstrip("/")
     if prefix.endswith(f"/{experiment}"):
         return prefix[: -len(experiment) - 1]
     settings.default_storage_prefix = f"{prefix}/{experiment}"
     return prefix
+
+
+def recheck_missing_directories() -> None:
+    """snakemake-storage-plugin-s3 0.3.6 caches `is_dir() == False` from the DAG-time probe of a directory output
+    that does not exist yet, so the main process never sees the directory a cluster job uploads (`export/v...`
+    "missing in storage" after --latency-wait). Keep only a found directory cached. The Iris executor forgets the
+    probe itself on success; the official Slurm plugin has no such hook."""
+    from snakemake_storage_plugin_s3 import StorageObject
+
+    probe = StorageObject.is_dir
+    if getattr(probe, "rechecks_misses", False):
+        return
+
+    def is_dir(self: StorageObject) -> bool:
+        found = probe(self)
+        if not found:
+            self._is_dir = None
+        return found
+
+    is_dir.rechecks_misses = True  # type: ignore[attr-defined]
+    StorageObject.is_dir = is_dir  # type: ignore[method-assign]
 
 
 S3_SETTINGS_ENV = {

@@ -88,6 +88,9 @@ def test_the_default_graph_chains_past_its_wall_clock_limit_to_export_and_eval(
         job, slurm_log = train_job(log)
     finally:
         finish(process, log, 1100)
+    plan = log.read_text()  # the plan Snakemake prints before anything runs shows the Slurm placement
+    assert "slurm          account rlbuild, partition cpu, qos -; whole nodes, exclusive" in plan
+    assert f"chain          wall-clock limit {limit} per link, checkpoint and hand-over {LEAD_S} s before it" in plan
     prefix = f"p/{name}"
     assert json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))["global_step"] == CHAIN_STEPS
     assert "accuracy" in s3.read(f"{prefix}/eval/v{VERSION}/results.json")
