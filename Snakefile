@@ -18,7 +18,11 @@ REPO = Path(workflow.basedir)
 EXPERIMENT_FILE = experiment_file(REPO, str(config["experiment"]))
 
 try:
-    GRAPH = Graph(experiment_file=EXPERIMENT_FILE, announce=workflow.is_main_process)
+    GRAPH = Graph(
+        experiment_file=EXPERIMENT_FILE,
+        announce=workflow.is_main_process,
+        on_cluster=workflow.resource_settings.nodes is not None,
+    )
     GRAPH.bind_storage(workflow, REPO / config["storage_root"])
 except RlbuildError as error:
     fail(error)

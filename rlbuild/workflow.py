@@ -104,6 +104,7 @@ class Graph:
 
     experiment_file: Path
     announce: bool
+    on_cluster: bool = False  # a cluster executor (remote jobs: Snakemake's --jobs), not the local one
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
@@ -112,7 +113,7 @@ class Graph:
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
         _, violations = check_experiment(self.experiment)
-        if self.announce:  # the submitting process; jobs re-read the Snakefile after it checked everything
+        if self.announce and self.on_cluster:  # jobs re-read the Snakefile after the submitter checked everything
             violations += slurm.partition_problems(self.experiment)  # asked only where Slurm answers (sinfo)
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
