@@ -17,7 +17,12 @@ REPO = Path(workflow.basedir)
 try:
     CONFIG = workflow_config(config)
     EXPERIMENT_FILE = experiment_file(REPO, CONFIG.experiment)
-    GRAPH = Graph(EXPERIMENT_FILE, announce=workflow.is_main_process, allow_retrain=CONFIG.allow_retrain)
+    GRAPH = Graph(
+        EXPERIMENT_FILE,
+        announce=workflow.is_main_process,
+        allow_retrain=CONFIG.allow_retrain,
+        on_cluster=workflow.resource_settings.nodes is not None,
+    )
     GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)
 except RlbuildError as error:
     fail(error)
@@ -41,14 +46,21 @@ wildcard_constraints:
     version=r"[^/]+",
 
 
+# Staging and launch resolution run beside Snakemake under every executor: on clusters the submitting host is
+# the one that reaches model hubs (compute nodes often cannot).
 localrules:
     all,
     identity_marker,
+    base_model,
+    stage_model,
+    stage_data,
+    resolve_launch,
 
 
 onstart:
     GRAPH.guard_retraining(workflow.dag.needrun_jobs())
     GRAPH.take_leases(workflow.dag.needrun_jobs())
+    GRAPH.restrict_job_environment(workflow)
 
 
 onsuccess:

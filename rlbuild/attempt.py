@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from rlbuild import storage
@@ -33,8 +34,8 @@ def log_uri(attempts_root: str, attempt: str) -> str:
     return storage.join(attempts_root, "logs", attempt)
 
 
-def run_logged(command: list[str], attempts_root: str) -> int:
-    """Run `command`, copying its output to stderr and to this attempt's log stream; returns its exit code.
+def run_logged(command: list[str], attempts_root: str, env: Mapping[str, str] | None = None) -> int:
+    """Run `command` (in `env`), copying its output to stderr and to this attempt's log stream; returns its code.
 
     SIGTERM and SIGINT are passed on to the command, so it can stop cleanly while its output is still recorded.
     """
@@ -43,7 +44,9 @@ def run_logged(command: list[str], attempts_root: str) -> int:
     print(f"[rlbuild] attempt {attempt}: log {uri}", file=sys.stderr, flush=True)
     with StreamWriter(uri, flush_s=LOG_FLUSH_S) as log:
         log.write(f"[rlbuild] attempt {attempt} on {socket.gethostname()}: {' '.join(command)}\n")
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
+        )
         previous = {s: signal.signal(s, lambda n, _: process.send_signal(n)) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             assert process.stdout is not None

@@ -20,6 +20,7 @@ from rlbuild.launch import dump_launch
 from rlbuild.plan import Plan, resolve_file
 from rlbuild.planview import format_plan, plan_dict
 from rlbuild.redact import redact_text
+from rlbuild.spec import load_experiment
 from rlbuild.yamlfile import load_yaml
 
 EXIT_INVALID = 2
@@ -53,21 +54,30 @@ def _derived(launch_record: str, kind: str) -> dict:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks."""
-    from rlbuild.versioning import check_file
+    """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
+    and the Slurm partition where Slurm answers (sinfo)."""
+    from rlbuild.slurm import partition_problems
+    from rlbuild.versioning import checked_plan
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
     plans, errors = {}, []
+    try:
+        path = experiment_file(REPO, args.experiment or config.experiment)
+        experiment = load_experiment(path)
+        errors += partition_problems(experiment)
+    except RlbuildError as exc:
+        experiment, errors = None, exc.as_violations()
     for version in [args.version] if args.version is not None else config.versions:
+        if experiment is None:
+            break
         try:
-            path = experiment_file(REPO, args.experiment or config.experiment)
-            plans[version] = check_file(path, version, storage_root)
+            plans[version] = checked_plan(experiment, version, storage_root, str(path))
         except RlbuildError as exc:
             errors += exc.as_violations()
-            if not args.json:
-                print(redact_text(str(exc)), file=sys.stderr)
+    if errors and not args.json:
+        print(redact_text(str(PreflightError(str(args.experiment or config.experiment), errors))), file=sys.stderr)
     if args.json:
         found = {"ok": not errors, "errors": [v.as_dict() for v in errors]}
         print(json.dumps(found | {"plans": {v: plan_dict(p) for v, p in plans.items()}}, indent=2))
@@ -128,14 +138,18 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rlbuild import chain
     from rlbuild.attempt import run_logged
     from rlbuild.launch import load_launch
 
-    launch = load_launch(args.launch)
-    command = [sys.executable, "-m", "trainer", "run", "--launch", args.launch, "--terminal", args.terminal]
+    attempts = load_launch(args.launch).artifacts.attempts_root
+    trainer_argv = ["run", "--launch", args.launch, "--terminal", args.terminal]
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
-        command.append("--allow-retrain")
-    code = run_logged(command, launch.artifacts.attempts_root)
+        trainer_argv.append("--allow-retrain")
+    if chain.in_slurm_job(os.environ):  # one link of a chain: the gang over srun, requeued until done
+        code = chain.run_link(args.launch, trainer_argv, args.max_links, args.stop_lead, os.environ, attempts)
+    else:
+        code = run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts)
     if code == 0:
         _write_record(Path(args.record), _derived(args.launch_record, "train"))
     return code
@@ -207,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--terminal", required=True)
     train.add_argument("--record", required=True)
     train.add_argument("--allow-retrain", action="store_true", help="retrain a fixed version's completed run")
+    train.add_argument("--max-links", type=int, default=1, help="on Slurm: jobs the chain may take")
+    train.add_argument(
+        "--stop-lead", type=int, default=0, help="on Slurm: seconds before the limit at which training hands over"
+    )
     train.set_defaults(func=cmd_train)
 
     export = sub.add_parser("export", help="export the terminal checkpoint as a Hugging Face folder")

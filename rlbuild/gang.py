@@ -1,10 +1,13 @@
-"""The gang bootstrap: every task of an Iris gang runs `python -m rlbuild.gang [options] -- <job step>`.
+"""The gang bootstrap: every task of a gang runs `python -m rlbuild.gang [options] -- <job step>`.
+
+On Iris the job step is the Snakemake job; on Slurm it is the trainer, started by `rlbuild train` in the job's
+batch step over srun (rlbuild/chain.py). Rank, attempt and ports come from the scheduler's variables.
 
 Rank 0 clears earlier attempts' rendezvous state, starts the Ray head, publishes its address, waits until all
 N nodes have joined (naming the missing ranks on timeout), runs the job step (the Snakemake job that runs the
 trainer) with RAY_ADDRESS set, then writes `done` (or `failed`). Every other rank waits for the address,
-joins Ray, materialises its own inputs and exits 0 on `done`. Any failing rank exits non-zero, and Iris fails
-(or restarts) the whole gang.
+joins Ray, materialises its own inputs and exits 0 on `done`. Any failing rank exits non-zero, and the scheduler
+fails (or restarts) the whole gang.
 """
 
 from __future__ import annotations
@@ -33,8 +36,14 @@ from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 RANK_RESOURCE = "rlbuild_rank_{rank}"
 WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
 WORKER_PORTS_PER_RANK = 400
+# Slurm gives a task no ports: rank r takes free ones in its own band, below the worker ports and the kernel's
+# ephemeral range.
+SLURM_PORT_BASE = 15000
+SLURM_PORT_BAND = 500
+SLURM_PORT_BANDS = 10
 RAY_STOP_GRACE_S = 10.0
 PR_SET_PDEATHSIG = 1
+WARNING_SIGNAL = signal.SIGUSR1  # Slurm's `--signal=USR1@<lead>`
 
 
 def log(message: str) -> None:
@@ -123,6 +132,17 @@ def die_with_parent() -> None:
     running (Iris would not see the task end while the node holds its output open). Linux only."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    ignore_warning()
+
+
+def ignore_warning() -> None:
+    """In a child before exec: ignore Slurm's wall-clock warning (SIGUSR1), which Slurm sends to every process of
+    the step; only the trainer, which installs its own handler, acts on it (trainer/continuation.py)."""
+    signal.signal(WARNING_SIGNAL, signal.SIG_IGN)
+
+
+def _warned(signum: int, _frame: object) -> None:
+    log(f"wall-clock warning ({signal.Signals(signum).name}): the trainer checkpoints after its current step")
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, node: RayNode) -> None:
@@ -206,7 +226,11 @@ def launch_rendezvous_dir(launch: str) -> str:
     return load_launch(launch).ray.rendezvous_dir
 
 
-def task_ports(environ: dict[str, str]) -> dict[str, int]:
+def task_ports(environ: dict[str, str], task: TaskIdentity) -> dict[str, int]:
+    """Iris hands each gang task its ports (IRIS_PORT_<NAME>). Slurm has none to give: the task takes free ones
+    from a band of its own (ranks sharing a host never race for a port), and only the head's is published."""
+    if task.scheduler == "slurm":
+        return free_ports(SLURM_PORT_BASE + (task.rank % SLURM_PORT_BANDS) * SLURM_PORT_BAND)
     ports = {}
     for name in RAY_PORT_NAMES:
         value = environ.get(f"IRIS_PORT_{name.upper()}")
@@ -216,6 +240,26 @@ def task_ports(environ: dict[str, str]) -> dict[str, int]:
             )
         ports[name] = int(value)
     return ports
+
+
+def free_ports(low: int) -> dict[str, int]:
+    """One port per Ray port name in [low, low + SLURM_PORT_BAND), each free when taken (all held until the end)."""
+    held: list[socket.socket] = []
+    try:
+        for port in range(low, low + SLURM_PORT_BAND):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind(("", port))
+            except OSError:
+                probe.close()
+                continue
+            held.append(probe)
+            if len(held) == len(RAY_PORT_NAMES):
+                return dict(zip(RAY_PORT_NAMES, (h.getsockname()[1] for h in held), strict=True))
+    finally:
+        for probe in held:
+            probe.close()
+    raise RendezvousError(f"fewer than {len(RAY_PORT_NAMES)} free ports in {low}-{low + SLURM_PORT_BAND - 1}")
 
 
 def run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command: Sequence[str]) -> int:
@@ -242,7 +286,7 @@ def _run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command
         rdv.mark_done()
         return 0
     env = {**os.environ, "RAY_ADDRESS": node.gcs_address}
-    code = subprocess.call(list(command), env=env)
+    code = subprocess.call(list(command), env=env, preexec_fn=ignore_warning)
     if code == 0:
         rdv.mark_done()
     else:
@@ -285,7 +329,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     command = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(prog="python -m rlbuild.gang", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, required=True, help="gang size (Iris replicas)")
+    parser.add_argument("--nodes", type=int, required=True, help="gang size (Iris replicas, Slurm nodes)")
     parser.add_argument(
         "--rendezvous-root",
         help="folder or s3:// URI holding per-job folders (default: the launch's ray.rendezvous_dir)",
@@ -308,13 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         check_runtime(args.launch)
-        task = TaskIdentity.parse(os.environ.get("IRIS_TASK_ID", ""))
+        task = TaskIdentity.from_environment(os.environ)
         root = args.rendezvous_root or launch_rendezvous_dir(args.launch)
         rdv = Rendezvous(root, task.job, args.gang_id, task.attempt, poll_s=args.poll)
         host = os.environ.get("IRIS_ADVERTISE_HOST") or socket.gethostbyname(socket.gethostname())
-        node = RayNode(rank=task.rank, host=host, ports=task_ports(dict(os.environ)), num_cpus=args.num_cpus)
+        ports = task_ports(dict(os.environ), task)
+        node = RayNode(rank=task.rank, host=host, ports=ports, num_cpus=args.num_cpus)
         log(f"rank {task.rank}/{args.nodes} attempt {task.attempt} of {task.job}; rendezvous {rdv.uri}")
-        signal.signal(signal.SIGTERM, _terminate)  # Iris stopping the task: still stop Ray and keep its logs
+        signal.signal(signal.SIGTERM, _terminate)  # the scheduler stopping the task: still stop Ray and keep its logs
+        signal.signal(WARNING_SIGNAL, _warned)
         try:
             if task.rank == 0:
                 return run_rank0(args, rdv, node, command)

@@ -8,7 +8,7 @@ Dependency-free on purpose: executor plugins import it on every Snakemake start.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 # Names whose values are secrets: never printed, never in a record or a plan.
 SECRET_NAME = re.compile(r"(secret|token(?!izer)|password|passwd|api[_-]?key|access[_-]?key|credential)", re.IGNORECASE)
@@ -49,6 +49,13 @@ RAY_PORT_NAMES = (
 )
 
 
+# The official Slurm plugin submits with `sbatch --export=ALL`: a job gets the submitting process's environment.
+# Under Slurm that environment is cut to the allow-list plus what a process needs to run (no secrets among them).
+PROCESS_BASICS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR")
+PROCESS_BASICS += ("VIRTUAL_ENV", "PYTHONPATH", "HF_HOME")
+PROCESS_PREFIXES = ("LC_", "XDG_", "SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+
+
 def is_secret_name(name: str) -> bool:
     return bool(SECRET_NAME.search(name))
 
@@ -66,3 +73,15 @@ def forwarded(environ: Mapping[str, str], extra: list[str] | tuple[str, ...] = (
     env = {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
     env |= {k: environ[k] for k in [*FORWARDED, *extra] if environ.get(k) and not NEVER_FORWARDED.match(k)}
     return env
+
+
+def restrict_to_forwarded(environ: MutableMapping[str, str]) -> list[str]:
+    """Remove from `environ` every variable a job must not receive; return the names removed (never values).
+
+    What stays is `forwarded(environ)` and the process basics (PATH, HOME, locale, Slurm's own settings...).
+    """
+    keep = set(forwarded(environ)) | {n for n in environ if n in PROCESS_BASICS or n.startswith(PROCESS_PREFIXES)}
+    removed = sorted(name for name in environ if name not in keep or NEVER_FORWARDED.match(name))
+    for name in removed:
+        del environ[name]
+    return removed

@@ -9,13 +9,30 @@ from rlbuild.layout import pack
 from rlbuild.plan import Plan
 from rlbuild.redact import redact
 from rlbuild.roleplan import shape_of_plan
+from rlbuild.slurm import expected_links
 
 
 def artifact_uris(plan: Plan) -> dict[str, str]:
     return {a.kind: plan.uri(a.path(plan.version)) for a in ARTIFACTS if a.kind in plan.records}
 
 
-def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
+def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] | None:
+    """The Slurm placement and the chain it implies: one job per link of `time_limit`, at most `max_links`."""
+    placement = plan.experiment.execution.slurm
+    if placement is None:
+        return None
+    configured = placement.step_time_s
+    step_time = configured if configured is not None else measured_step_time
+    source = "configured" if configured is not None else ("measured" if step_time is not None else None)
+    return {
+        **placement.model_dump(exclude={"step_time_s"}),
+        "step_time_s": step_time,
+        "step_time_source": source,
+        "expected_links": expected_links(placement, plan.recipe.trainer.max_steps, step_time),
+    }
+
+
+def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> dict[str, Any]:
     e, g, launch = plan.experiment, plan.geometry, plan.launch
     rp = e.role_plan
     return redact(
@@ -30,6 +47,7 @@ def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
                 "priority": launch.iris.priority,
                 "max_retries": launch.iris.max_retries,
             },
+            "slurm": slurm_dict(plan, measured_step_time),
             "geometry": {
                 "colocate_all": rp.colocate_all,
                 "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
@@ -60,8 +78,26 @@ def plan_dict(plan: Plan, terminal_stage: str = "export") -> dict[str, Any]:
     )
 
 
-def format_plan(plan: Plan, terminal_stage: str = "export") -> str:
-    d = plan_dict(plan, terminal_stage)
+def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
+    if slurm is None:
+        return []
+    if slurm["expected_links"] is None:
+        expected = "expected links unknown (no step time: set execution.slurm.step_time_s)"
+    else:
+        expected = (
+            f"expected {slurm['expected_links']} ({max_steps} steps x {slurm['step_time_s']:g} s "
+            f"{slurm['step_time_source']})"
+        )
+    return [
+        f"  slurm          account {slurm['account'] or '-'}, partition {slurm['partition'] or '-'}, "
+        f"qos {slurm['qos'] or '-'}; whole nodes, exclusive, one task per node",
+        f"  chain          wall-clock limit {slurm['time_limit']} per link, checkpoint and hand-over "
+        f"{slurm['signal_lead_s']} s before it; at most {slurm['max_links']} link(s), {expected}",
+    ]
+
+
+def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> str:
+    d = plan_dict(plan, terminal_stage, measured_step_time)
     geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
     mode = "mutable: rebuilds when inputs change" if d["mutable"] else "immutable"
     roles = (
@@ -76,6 +112,7 @@ def format_plan(plan: Plan, terminal_stage: str = "export") -> str:
         f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
         f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
+        *format_slurm(d["slurm"], bat["max_steps"]),
         f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
         f"  layout         {geo['layout']}",
         f"  batches        {bat['train_batch_size']} prompts x {bat['n_samples_per_prompt']} samples = "

@@ -16,6 +16,7 @@ from rlbuild.identity import flatten
 from rlbuild.jobenv import is_secret_name
 from rlbuild.recipe import Recipe, recipe_problems
 from rlbuild.roleplan import check_role_plan
+from rlbuild.slurm import check_chain
 from rlbuild.sources import SourceError, parse_source
 from rlbuild.spec import Experiment
 from rlbuild.validation import violations
@@ -191,5 +192,8 @@ def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violat
     violations_found += recipe_violations
     if recipe is not None:
         violations_found += check_strategy(recipe) + check_credentials(recipe)
+        t, placement = recipe.trainer, experiment.execution.slurm
+        step_time = placement.step_time_s if placement else None
+        violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)
     violations_found += check_sources(experiment)
     return recipe, violations_found

@@ -121,6 +121,13 @@ def size_bytes(value: str) -> int:
     return int(float(match[1]) * SIZE_UNITS[match[3]])
 
 
+def node_size(value: str) -> str:
+    """A node's memory or disk, checked to be a size some node has."""
+    if not 0 < size_bytes(value) <= MAX_SIZE_BYTES:
+        raise ValueError(f"{value!r} is not a size a node has; give more than 0 and at most 1PB")
+    return value.strip()
+
+
 class IrisExecution(_Strict):
     """Placement on Iris. Never part of an artifact's identity."""
 
@@ -136,14 +143,65 @@ class IrisExecution(_Strict):
     @field_validator("memory", "disk")
     @classmethod
     def _size(cls, value: str) -> str:
-        size = size_bytes(value)
-        if not 0 < size <= MAX_SIZE_BYTES:
-            raise ValueError(f"{value!r} is not a size a node has; give more than 0 and at most 1PB")
+        return node_size(value)
+
+
+TIME_LIMIT_PATTERN = re.compile(r"^(?:(\d{1,3})-)?(\d{1,4}):(\d{2}):(\d{2})$")
+MAX_TIME_LIMIT_S = 365 * 86400
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's `[D-]HH:MM:SS` as seconds (the form `sbatch --time` and `sinfo` print)."""
+    match = TIME_LIMIT_PATTERN.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a Slurm time limit; write it like '11:59:00' or '1-00:00:00'")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    if minutes > 59 or seconds > 59:
+        raise ValueError(f"{text!r} has more than 59 minutes or seconds; write it like '11:59:00' or '1-00:00:00'")
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class SlurmExecution(_Strict):
+    """Placement on Slurm. Never part of an artifact's identity.
+
+    `account` and `partition` are checked by preflight (not required here) so that every Slurm problem of an
+    experiment is reported in one pass, with the others.
+    """
+
+    account: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    partition: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    qos: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    time_limit: str = Field(description="wall-clock limit of one link of the train chain, [D-]HH:MM:SS")
+    max_links: int = Field(default=4, ge=1, le=1000, description="jobs a train chain may take before it fails")
+    signal_lead_s: int = Field(
+        default=300, ge=1, le=86400, description="seconds before the limit at which training checkpoints and hands over"
+    )
+    step_time_s: float | None = Field(default=None, gt=0, le=86400, description="expected seconds per training step")
+    cpus_per_node: int | None = Field(default=None, ge=1, le=4096)
+    memory_per_node: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, value: str) -> str:
+        if not 60 <= time_limit_seconds(value) <= MAX_TIME_LIMIT_S:
+            raise ValueError(f"{value!r} is not a link's time limit; give at least a minute and at most 365 days")
         return value.strip()
+
+    @field_validator("memory_per_node")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return None if value is None else node_size(value)
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
 
 
 class Execution(_Strict):
     iris: IrisExecution | None = None
+    slurm: SlurmExecution | None = None
 
 
 class Experiment(_Strict):

@@ -18,15 +18,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rlbuild import slurm
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
+from rlbuild.jobenv import restrict_to_forwarded
 from rlbuild.lease import Leases, describe, held_leases, lease_uri
 from rlbuild.plan import Plan
 from rlbuild.planview import format_plan
 from rlbuild.preflight import check_experiment
 from rlbuild.redact import redact_text
 from rlbuild.spec import Experiment, check_version, load_experiment
-from rlbuild.storage import join
+from rlbuild.storage import join, read_text
 from rlbuild.validation import violations
 from rlbuild.versioning import StoredRecords, checked_plan
 
@@ -96,10 +98,32 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
             "to s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX/<experiment>/), and SNAKEMAKE_STORAGE_S3_ENDPOINT_URL, "
             "SNAKEMAKE_STORAGE_S3_ACCESS_KEY, SNAKEMAKE_STORAGE_S3_SECRET_KEY unless boto's own chain has them"
         )
+    recheck_missing_directories()
     if prefix.endswith(f"/{experiment}"):
         return prefix[: -len(experiment) - 1]
     settings.default_storage_prefix = f"{prefix}/{experiment}"
     return prefix
+
+
+def recheck_missing_directories() -> None:
+    """snakemake-storage-plugin-s3 0.3.6 caches `is_dir() == False` from the DAG-time probe of a directory output
+    that does not exist yet, so the main process never sees the directory a cluster job uploads (`export/v...`
+    "missing in storage" after --latency-wait). Keep only a found directory cached. The Iris executor forgets the
+    probe itself on success; the official Slurm plugin has no such hook."""
+    from snakemake_storage_plugin_s3 import StorageObject
+
+    probe = StorageObject.is_dir
+    if getattr(probe, "rechecks_misses", False):
+        return
+
+    def is_dir(self: StorageObject) -> bool:
+        found = probe(self)
+        if not found:
+            self._is_dir = None
+        return found
+
+    is_dir.rechecks_misses = True  # type: ignore[attr-defined]
+    StorageObject.is_dir = is_dir  # type: ignore[method-assign]
 
 
 S3_SETTINGS_ENV = {
@@ -162,6 +186,7 @@ class Graph:
     experiment_file: Path
     announce: bool
     allow_retrain: bool = False
+    on_cluster: bool = False  # a cluster executor (remote jobs: Snakemake's --jobs), not the local one
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
@@ -172,6 +197,8 @@ class Graph:
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
         _, violations = check_experiment(self.experiment)
+        if self.announce and self.on_cluster:  # jobs re-read the Snakefile after the submitter checked everything
+            violations += slurm.partition_problems(self.experiment)  # asked only where Slurm answers (sinfo)
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
 
@@ -196,13 +223,27 @@ class Graph:
         """The checked plan of one version (rlbuild/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
             plan = checked_plan(self.experiment, version, self.storage_root, str(self.experiment_file))
+            step_time = self._measured_step_time(plan)
             self._plans[version] = plan
             if self.announce:
-                print(format_plan(plan, self.terminal_stage(version)), file=sys.stderr)
+                print(format_plan(plan, self.terminal_stage(version), step_time), file=sys.stderr)
                 for key, holder in self.leases_now().items():
                     if key.endswith(f"/v{version}"):
                         print(f"  lease held     {key}: {describe(holder)}", file=sys.stderr)
         return self._plans[version]
+
+    def _measured_step_time(self, plan: Plan) -> float | None:
+        """Seconds per step measured by an earlier run of this version (a previous link, a crashed attempt), when
+        the experiment states none; a chain that would not fit its links stops here."""
+        placement = self.experiment.execution.slurm
+        if placement is None or placement.step_time_s is not None or not self.announce:
+            return None  # in a job (a later link reads the earlier links' metrics), the submitter has checked
+        measured = slurm.measured_step_time(read_text(plan.launch.artifacts.metrics_uri))
+        t = plan.recipe.trainer
+        problems = slurm.check_chain(self.experiment, t.max_steps, t.ckpt_interval, measured)
+        if problems:
+            raise PreflightError(f"{self.experiment_file} (step time measured in an earlier run)", problems)
+        return measured
 
     def checked(self, version: str) -> Plan:
         """`plan`, with errors reported for a person and Snakemake stopped (input functions call this)."""
@@ -284,8 +325,22 @@ class Graph:
             inputs["base_model"] = artifact("base_model").path(wildcards.version)
         return inputs
 
+    def restrict_job_environment(self, workflow: Any) -> None:
+        """Before the first submission (the Snakefile's `onstart`): under Slurm, whose plugin submits with
+        `sbatch --export=ALL`, cut this process's environment to what jobs may receive."""
+        plugin = getattr(workflow, "executor_plugin", None)
+        if plugin is None or plugin.name != "slurm":
+            return
+        removed = restrict_to_forwarded(os.environ)
+        if removed:
+            print(f"rlbuild: not passed to Slurm jobs: {', '.join(removed)}", file=sys.stderr)
+
+    def cluster_resources(self) -> dict[str, int | str]:
+        """Resources of the rules that run on a cluster besides train (Slurm account, partition, QoS)."""
+        return slurm.cluster_resources(self.experiment)
+
     def gang_resources(self) -> dict[str, int | str]:
-        """Resources the Iris executor reads to run `train` as one gang of whole nodes."""
+        """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""
         topology, iris = self.experiment.topology, self.experiment.execution.iris
         resources: dict[str, int | str] = {
             "gpu_nodes": topology.num_nodes,
@@ -300,7 +355,7 @@ class Graph:
                 "iris_priority": iris.priority,
                 "iris_max_retries": iris.max_retries,
             }
-        return resources
+        return resources | slurm.gang_resources(self.experiment)
 
 
 def forced_by(settings: Any, version: str) -> str:

@@ -10,6 +10,8 @@ rule eval:
         table=report("eval/v{version}/results.html", category="Eval", caption="../report/eval.rst"),
         curves=report("eval/v{version}/curves.png", category="Eval", caption="../report/curves.rst"),
         record=ARTIFACT["eval"].record(),
+    resources:
+        **GRAPH.cluster_resources(),
     log:
         "logs/eval/v{version}.log",
     params:

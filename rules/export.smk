@@ -8,6 +8,8 @@ rule export:
     output:
         artifact=directory(ARTIFACT["export"].path()),
         record=ARTIFACT["export"].record(),
+    resources:
+        **GRAPH.cluster_resources(),
     log:
         "logs/export/v{version}.log",
     params:

@@ -1,5 +1,6 @@
 rule train:
-    # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; locally, a local Ray.
+    # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; under the slurm profile one
+    # Slurm job of whole nodes, chained past its wall-clock limit (rlbuild/chain.py); locally, a local Ray.
     # Every attempt's whole log is also kept in storage, under the run's attempts folder (rlbuild/attempt.py).
     input:
         GRAPH.train_inputs,
@@ -18,4 +19,5 @@ rule train:
         rlbuild=lambda wildcards: RLBUILD,
     shell:
         "{params.rlbuild:q} train --launch {input.launch:q} --launch-record {input.record:q} "
-        "--terminal {output.terminal:q} --record {output.record:q} 2>&1 | tee {log:q}"
+        "--terminal {output.terminal:q} --record {output.record:q} --max-links {resources.chain_max_links} "
+        "--stop-lead {resources.chain_signal_lead_s} 2>&1 | tee {log:q}"

@@ -77,6 +77,34 @@ def s3_root(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{s3_server.new_bucket()}"
 
 
+@dataclass(frozen=True)
+class S3:
+    server: S3Server
+    bucket: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.server.env()
+
+    def read(self, key: str) -> str:
+        import boto3
+
+        env = self.env
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.server.endpoint,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env["AWS_DEFAULT_REGION"],
+        )
+        return client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server) -> S3:
+    return S3(s3_server, s3_server.new_bucket())
+
+
 def run_snakemake(
     args: list[str],
     *,

@@ -26,6 +26,8 @@ RUN_HERE = {
     "rlbuild check config/experiments/tiny-addition.yaml --json": '"ok": true',
     "snakemake --profile iris -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
     "snakemake --help | grep -A1 -- --iris-": "--iris-controller-url",
+    "snakemake --profile slurm -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
+    "snakemake --help | grep -A2 -- --slurm-": "--slurm-",
 }
 COVERED_ELSEWHERE = {
     "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
@@ -40,6 +42,9 @@ COVERED_ELSEWHERE = {
         "tests/e2e/test_pipeline.py::test_allow_retrain_retrains_a_completed_fixed_version"
     ),
     "snakemake --profile iris export/v2026.09.21": "tests/iris/test_training.py (a 2-node gang through the profile)",
+    "snakemake --profile slurm export/v2026.09.21": (
+        "tests/slurm/test_pipeline.py (the default graph on a local Slurm, training chained across 2 jobs)"
+    ),
     "make setup": "CI's `make test` runs it first; every test here runs in the environment it made",
     "python -m trainer run --launch launch.yaml": "tests/trainer/test_run.py runs it on launch documents it writes",
     "make bench": "tests/test_benchmarks.py runs every benchmark on a tiny budget",
@@ -79,7 +84,7 @@ def fresh_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_readme_command_works_as_typed(command: str, fresh_copy: Path, s3_server: S3Server, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLBUILD_", "SNAKEMAKE_"))}
     env |= {"PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(fresh_copy)}
-    if "--profile iris" in command:  # the README's exports, pointed at the tests' own servers
+    if "--profile" in command:  # the README's exports, pointed at the tests' own servers
         env |= s3_server.env() | {"RLBUILD_BUCKET": s3_server.new_bucket(), "RLBUILD_PREFIX": "readme"}
         env |= {"SNAKEMAKE_IRIS_CONTROLLER_URL": "http://127.0.0.1:9"}  # a dry run never calls it
     result = subprocess.run(

@@ -15,9 +15,13 @@ from trainer.errors import TrainerError
 
 def _run(args: argparse.Namespace) -> int:
     from rlbuild.launch import load_launch
-    from trainer import loop
+    from trainer import continuation, loop
 
-    manifest = loop.run(load_launch(str(args.launch)), args.terminal, args.allow_retrain)
+    try:
+        manifest = loop.run(load_launch(str(args.launch)), args.terminal, args.allow_retrain)
+    except continuation.ToBeContinued as stopped:
+        print(f"[trainer] {stopped}", flush=True)
+        return continuation.CONTINUE_EXIT_CODE
     print(json.dumps(manifest, indent=2))
     return 0
 

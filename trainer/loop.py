@@ -2,7 +2,8 @@
 
     run()    where to start (fresh, resumed, or refused), the inputs, the roles on Ray; train(); terminal.json
     train()  each step: prompts -> rollouts -> rewards -> advantages -> update -> weight sync
-             -> held-out eval and checkpoint when due -> metrics
+             -> held-out eval and checkpoint when due -> metrics; before a wall-clock limit, a checkpoint
+             and exit "to be continued" (trainer/continuation.py)
 
 The driver (this process) owns the data order, rewards, advantages and loss weights; the policy workers own
 the model and optimizer; the engines own sampling. Everything random derives from (seed, step), so a run resumed
@@ -24,7 +25,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rlbuild import runtime, storage
 from rlbuild.launch import LaunchDocument
 from rlbuild.manifest import materialise
-from trainer import data, evaluate, grpo
+from trainer import continuation, data, evaluate, grpo
 from trainer import env as environments
 from trainer.batch import update_batch
 from trainer.checkpoint import CheckpointManager, Resume
@@ -51,6 +52,7 @@ class Inputs:
 
 def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: bool = False) -> dict[str, Any]:
     """Train as the launch document says; write checkpoints, metrics and the terminal manifest. Returns it."""
+    continuation.listen()  # before anything slow: a wall-clock warning must not find the trainer deaf
     terminal_uri = terminal_uri or launch.artifacts.terminal_manifest_uri
     artifacts, max_steps = launch.artifacts, launch.recipe.trainer.max_steps
     checkpoints = CheckpointManager(
@@ -109,13 +111,17 @@ def train(
         values = step_metrics(rewards, g.n_samples_per_prompt, rollouts, batch, stats, sync_error, clock)
         if _due(step, t.eval_interval, t.max_steps):
             values["eval_accuracy"] = held_out_accuracy(launch, roles, inputs)
-        if _due(step, t.ckpt_interval, t.max_steps):
+        stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point
+        if _due(step, t.ckpt_interval, t.max_steps) or stop:
             state = {"seed": t.seed, "run_id": launch.run.id, "policy_world_size": t.placement.policy_world_size}
             # Only the terminal checkpoint gathers an HF folder (trainer/checkpoint.py says why).
             write = partial(roles.save_checkpoint, with_hf_folder=step == t.max_steps)
             checkpoints.save(step, cursor, state, write)
         values["step_time_s"] = clock.total()
         metrics.log(step, values)
+        if stop:
+            metrics.close()
+            raise continuation.ToBeContinued(step, checkpoints.step_uri(step), stop)
     metrics.close()
     return metrics.records()
 

@@ -10,44 +10,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import S3Server
+from tests.conftest import S3
 from tests.iris.local_cluster import REPO, LocalIris
 
 WORKFLOW = Path(__file__).parent / "workflow"
 GPU_WORKERS = 2
-
-
-@dataclass(frozen=True)
-class S3:
-    server: S3Server
-    bucket: str
-
-    @property
-    def env(self) -> dict[str, str]:
-        return self.server.env()
-
-    def read(self, key: str) -> str:
-        import boto3
-
-        env = self.env
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.server.endpoint,
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            region_name=env["AWS_DEFAULT_REGION"],
-        )
-        return client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
-
-
-@pytest.fixture
-def s3(s3_server: S3Server) -> S3:
-    return S3(s3_server, s3_server.new_bucket())
 
 
 @pytest.fixture(scope="session")
