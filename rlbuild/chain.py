@@ -105,7 +105,7 @@ def run_link(
     if link >= max_links:
         log(
             f"link {link} of {max_links} ended 'to be continued': no link left, the chain fails. The latest checkpoint "
-            "is kept: raise execution.slurm.max_links (or the time limit) and rerun with --rerun-incomplete"
+            "is kept: raise execution.slurm.max_links (or the time limit) and run Snakemake again to resume from it"
         )
         return code
     log(f"link {link} ended 'to be continued'; requeueing job {job.id} for link {link + 1}")

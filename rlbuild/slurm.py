@@ -13,6 +13,7 @@ Dependency-light on purpose: it runs while Snakemake builds the DAG.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -80,8 +81,6 @@ def expected_links(slurm: SlurmExecution, max_steps: int, step_time_s: float | N
 
 def measured_step_time(metrics_text: str | None) -> float | None:
     """The median `step_time_s` of a run's metrics.jsonl (an earlier link or run of this version)."""
-    import json
-
     times = []
     for line in (metrics_text or "").splitlines():
         try:
