@@ -56,13 +56,14 @@ def readme_commands() -> list[str]:
     """The README's commands: the lines of its code blocks (without trailing comments and exports), and the
     inline code spans of its prose that start with a command."""
     text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"^```\n(.*?)^```", text, flags=re.M | re.S)
+    # Shell blocks carry no language tag; a tagged block (```yaml) shows a file's content, not commands.
+    blocks = [body for tag, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S) if not tag]
     commands = []
     for line in (line for block in blocks for line in block.splitlines()):
         command = re.split(r"\s{2,}#", line, maxsplit=1)[0].strip()
         if command and not command.startswith(("#", "export ")):
             commands.append(command)
-    prose = re.sub(r"^```\n.*?^```", "", text, flags=re.M | re.S)
+    prose = re.sub(r"^```\w*\n.*?^```", "", text, flags=re.M | re.S)
     spans = [span.split() for span in re.findall(r"`([^`]+)`", prose)]
     commands += [" ".join(words) for words in spans if len(words) > 1 and words[0] in COMMAND_WORDS]
     return list(dict.fromkeys(commands))
