@@ -4,8 +4,10 @@ A run takes `<experiment root>/.leases/<kind>/v<version>` for every artifact it 
 create-if-absent (S3 `If-None-Match: *`, a hard link locally), refreshes it every HEARTBEAT_S seconds with a
 conditional overwrite (S3 `If-Match` on the ETag it holds), and deletes it when the run ends. A second run that
 finds a lease refuses, naming who holds it; a lease whose heartbeat is older than STALE_S (its holder died) is
-taken over with the same conditional overwrite, and the takeover is logged. The identity record written last by
-the build, not the lease, is what says an artifact is complete.
+taken over with the same conditional overwrite, and the takeover is logged. A lease whose holder ran on this very
+machine (same host and boot) and whose process is gone (killed with SIGKILL) is taken over
+at once: waiting out the heartbeat would only delay the rerun a person typed after the kill. The identity record
+written last by the build, not the lease, is what says an artifact is complete.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 from rlbuild import storage
 from rlbuild.errors import RlbuildError
@@ -38,6 +43,21 @@ def lease_uri(experiment_root: str, kind: str, version: str) -> str:
     return storage.join(experiment_root, LEASES, kind, f"v{version}")
 
 
+def _boot_id() -> str:
+    """Distinguishes boots of one host, so a pid recorded before a reboot is never mistaken for a live one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -50,6 +70,8 @@ class Holder:
     host: str = field(default_factory=socket.gethostname)
     user: str = field(default_factory=getpass.getuser)
     pid: int = field(default_factory=os.getpid)
+    started: float = field(default_factory=lambda: _started(os.getpid()))
+    boot: str = field(default_factory=_boot_id)
     job: str = field(default_factory=lambda: os.environ.get("IRIS_TASK_ID") or os.environ.get("SLURM_JOB_ID") or "")
     since: str = field(default_factory=_now)
 
@@ -64,6 +86,17 @@ def describe(document: dict[str, Any]) -> str:
         f"run {document.get('run')} of {document.get('user')}@{document.get('host')} (pid {document.get('pid')}{job}) "
         f"since {document.get('since')}, last heartbeat {age:.0f} s ago"
     )
+
+
+def holder_is_gone(document: dict[str, Any]) -> bool:
+    """True only when the holder ran on this machine in this boot and its process no longer exists (a reused pid
+    has another start time). A holder on another machine is judged by its heartbeat alone."""
+    if document.get("host") != socket.gethostname() or not document.get("boot") or document["boot"] != _boot_id():
+        return False
+    pid = document.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    return abs(_started(pid) - float(document.get("started") or 0)) > 1.0
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -115,7 +148,7 @@ class Leases:
             self.held[uri] = found[1]
             return None
         age = time.time() - float(current.get("heartbeat_epoch", 0))
-        if age <= self.stale_s:
+        if age <= self.stale_s and not holder_is_gone(current):
             raise LeaseHeldError(
                 f"{what} is being built by {describe(current)}; wait for that run to finish (or stop it), then run "
                 f"again. A lease without a heartbeat for {self.stale_s:.0f} s is taken over ({uri})."

@@ -3,6 +3,9 @@ conditional writes are real: checked first) and a local folder."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -69,3 +72,30 @@ def test_a_dead_runs_lease_is_taken_over_and_the_old_holder_learns_it(root: str)
     assert read_lease(uri)["heartbeat_epoch"] > first_beat  # type: ignore[index]
     alive.release_all()
     assert read_lease(uri) is None
+
+
+def _hold_in_another_process(uri: str) -> subprocess.Popen[str]:
+    """A real process on this machine that takes the lease and then sleeps, as a run does while it builds."""
+    code = (
+        "import sys, time\nfrom rlbuild.lease import Leases\n"
+        f"Leases().acquire({uri!r}, 'train')\nprint('held', flush=True)\ntime.sleep(600)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_lease_of_a_killed_process_on_this_machine_is_taken_over_at_once(root: str) -> None:
+    """A run killed with SIGKILL cannot release its leases; the rerun typed right after must not wait out STALE_S."""
+    uri = lease_uri(root, "train", "2026.09.21")
+    holder = _hold_in_another_process(uri)
+    try:
+        with pytest.raises(LeaseHeldError):  # alive: refused even though it is on this machine
+            Leases().acquire(uri, "train")
+    finally:
+        holder.kill()
+        holder.wait()
+    rerun = Leases()  # default stale_s: only the dead pid lets it in
+    rerun.acquire(uri, "train")
+    assert read_lease(uri)["run"] == rerun.holder.run  # type: ignore[index]
+    rerun.release_all()
