@@ -41,11 +41,18 @@ COUNT_TO = 19
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per character; every encoding starts with <bos>; decoding round-trips text exactly."""
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
+    """One token per character; every encoding starts with <bos>; decoding round-trips text exactly.
+
+    Characters are stored byte-level (a space is `Ġ`), as Qwen2's tokenizer reads them: `AutoTokenizer` loads a
+    folder whose config says qwen2 as `Qwen2Tokenizer`, which re-applies byte-level pre-tokenization and drops
+    tokens its vocabulary lacks. With a plain space in the vocabulary, "rev abc:" loaded as "revabc:", a prompt
+    the warm start never showed (reversal then learned nothing). Both ways now give the same ids.
+    """
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *(_byte_level(c) for c in CHARACTERS)])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("."), behavior="isolated"), byte_level])
+    core.decoder = decoders.ByteLevel()
     core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
@@ -56,6 +63,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="left",
         model_max_length=64,
     )
+
+
+def _byte_level(character: str) -> str:
+    """How byte-level pre-tokenization spells one printable ASCII character (a space is `Ġ`)."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(character)[0][0]
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> torch.nn.Module:
