@@ -5,7 +5,6 @@ Layout:
     global_step_N/optimizer.pt     full (unsharded) AdamW + scheduler state
     global_step_N/trainer_state.json  {global_step, data_cursor, seed, runtime_source_digest, ...}
     latest                         "N": written last, so a checkpoint without it was never completed
-    metrics.jsonl                  beside the checkpoints (trainer/metrics.py)
 
 Sampling and data order are derived from (seed, step), so step + data cursor is the full RNG state: a resumed
 run continues exactly as the uninterrupted one would have.

@@ -31,5 +31,5 @@ def test_default_recipe_raises_held_out_addition_accuracy(tmp_path: Path) -> Non
     assert summary["initial_eval_accuracy"] <= 0.1
     assert summary["final_eval_accuracy"] >= summary["initial_eval_accuracy"] + 0.15
     records = [json.loads(x) for x in Path(launch.artifacts.metrics_uri).read_text().splitlines()]
-    rewards = [r["reward_mean"] for r in records if "reward_mean" in r]
+    rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
     assert sum(rewards[-10:]) >= 2 * sum(rewards[:10])
