@@ -124,6 +124,9 @@ class Bench:
             epsilon=t.algorithm.eps_clip_low,
             epsilon_high=t.algorithm.eps_clip_high,
             scale_rewards="group",
+            # TRL checkpoints activations by default (recomputing every forward in the backward); ours does not, and
+            # a 36 K-parameter model needs no memory saved: off, for TRL's fastest setting.
+            gradient_checkpointing=False,
             use_cpu=True,
             bf16=False,
             report_to="none",
@@ -303,11 +306,16 @@ def run_ours(bench: Bench, work: Path, row: Row) -> dict[str, Any]:
     manifest = loop.run(launch)
     wall = time.perf_counter() - started
     records, _ = parse_lines(read_text(launch.artifacts.metrics_uri) or "")
-    step_times = [r["perf/step_time_s"] for r in records if r["step"] > 1 and "perf/step_time_s" in r]
+    steps = [r for r in records if r["step"] > 1 and "perf/step_time_s" in r]
+
+    def mean(name: str) -> float:
+        return statistics.mean(r[name] for r in steps)
+
     return {
-        "seconds_per_step": statistics.mean(step_times),
+        "seconds_per_step": mean("perf/step_time_s"),
         "wall_s": wall,
         "accuracy": evaluate(Path(manifest["hf_path"]), bench.rows("validation"))["accuracy"],
+        "phases_s": {phase: round(mean(f"perf/{phase}_time_s"), 4) for phase in ("rollout", "train", "sync")},
     }
 
 
@@ -344,12 +352,115 @@ def run_trl(bench: Bench, work: Path, row: Row) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------- profile
+
+
+def _cumulative(stats: Any, name: str, file_part: str, caller: str | None = None) -> float:
+    """Seconds spent in (and under) the functions `name` defined in files containing `file_part`."""
+    total = 0.0
+    for (file, _, func), (_, _, _, cumulative, callers) in stats.stats.items():
+        if func == name and file_part in file:
+            if caller is None:
+                total += cumulative
+            else:
+                total += sum(v[3] for (_, _, caller_func), v in callers.items() if caller_func == caller)
+    return total
+
+
+def _profiled(fn: Any, times: int) -> tuple[Any, float]:
+    """(cProfile statistics, wall seconds) of `times` calls of `fn`."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    for _ in range(times):
+        fn()
+    profiler.disable()
+    return pstats.Stats(profiler), time.perf_counter() - started
+
+
+def profile_ours(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, float]:
+    """Milliseconds per step by phase: the engine's sampling and a policy worker's `train_step` (the actors' code),
+    in this process on the fixed batch, under cProfile."""
+    from transformers import AutoTokenizer
+
+    from trainer import env, grpo, policy
+    from trainer.batch import update_batch
+    from trainer.engines import SamplingParams, TorchEngine
+    from trainer.rewards import rewards as score_rollouts
+
+    launch = bench.launch(work, row)
+    rows_, prompts, rollouts = fixed_batch(bench, launch)
+    tokenizer, environment = AutoTokenizer.from_pretrained(base_model_dir(bench.seed)), env.make("exact_match")
+    _, rewards_s = _profiled(lambda: score_rollouts(tokenizer, environment, rows_, rollouts), steps)
+    recipe = launch.recipe
+    t, g = recipe.trainer, recipe.generator
+    engine = TorchEngine(base_model_dir(bench.seed), num_threads=bench.threads)
+    params = SamplingParams.from_recipe(g.sampling_params)
+    _, rollout_s = _profiled(lambda: engine.generate(prompts, params, 7), steps)
+    rewards = torch.tensor([float(r.finished) for r in rollouts])  # any signal: the work does not depend on it
+    advantages = grpo.group_advantages(rewards, g.n_samples_per_prompt, eps=t.algorithm.advantage_eps)
+    shard = update_batch(prompts, rollouts, rewards, advantages, recipe, pad_id=0).shards(1)[0]
+    with tempfile.TemporaryDirectory() as cache:
+        worker = policy.PolicyWorker(0, 1, recipe, launch.inputs.model.uri, cache, bench.threads)
+        worker.setup("127.0.0.1", policy.free_port())
+        try:
+            worker.train_step(shard, 1, t.micro_train_batch_size_per_gpu)  # warm-up
+            train, train_s = _profiled(lambda: worker.train_step(shard, 1, t.micro_train_batch_size_per_gpu), steps)
+        finally:
+            worker.shutdown()
+    phases = {
+        "no-grad scoring (reference, old)": _cumulative(train, "score", "trainer/policy.py"),
+        "forward with grad (loss)": _cumulative(train, "forward_logprobs", "trainer/policy.py", "_micro_loss"),
+        "backward": _cumulative(train, "backward", "torch/_tensor.py"),
+        "clip + optimizer step": _cumulative(train, "clip_grad_norm_", "torch/nn/utils")
+        + _cumulative(train, "step", "torch/optim/adam"),
+    }
+    phases = {"rollout (sampling)": rollout_s, "rewards": rewards_s, **phases, "rest": train_s - sum(phases.values())}
+    return {k: 1000 * v / steps for k, v in phases.items()}
+
+
+def profile_trl(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, float]:
+    """Milliseconds per step (one generation, update-epochs optimizer steps) of TRL's `train`, under cProfile."""
+    torch.set_num_threads(bench.threads)
+    trainer = trl_trainer(bench, work, row)
+    trainer.args.max_steps = steps * bench.recipe.trainer.update_epochs_per_batch
+    stats, train_s = _profiled(trainer.train, 1)
+    rewards = _cumulative(stats, "_calculate_rewards", "trl/")
+    # TRL wraps its forwards in a profiling decorator (`wrapper`): attribute them by who called the wrapper.
+    phases = {
+        "rollout (sampling)": _cumulative(stats, "_generate_single_turn", "trl/"),
+        "rewards": rewards,
+        "no-grad scoring (reference, old)": _cumulative(
+            stats, "wrapper", "trl/extras/profiling.py", "_generate_and_score_completions"
+        )
+        - rewards,
+        "forward with grad (loss)": _cumulative(stats, "wrapper", "trl/extras/profiling.py", "_compute_loss"),
+        "backward": _cumulative(stats, "backward", "accelerate/accelerator.py"),
+        "clip + optimizer step": _cumulative(stats, "clip_grad_norm_", "accelerate/accelerator.py")
+        + _cumulative(stats, "step", "accelerate/optimizer.py"),
+    }
+    phases["rest"] = train_s - sum(phases.values())
+    return {k: 1000 * v / steps for k, v in phases.items()}
+
+
+def print_profile(name: str, ours: dict[str, float], trl: dict[str, float]) -> None:
+    print(f"\n[{name}] where a step's time goes (ms per step, under cProfile; its overhead inflates Python-heavy code)")
+    print(f"{'phase':<36} {'ours':>8} {'TRL':>8}")
+    for phase in dict.fromkeys([*ours, *trl]):
+        print(f"{phase:<36} {ours.get(phase, 0.0):>8.1f} {trl.get(phase, 0.0):>8.1f}")
+    print(f"{'total':<36} {sum(ours.values()):>8.1f} {sum(trl.values()):>8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (ours: per actor)")
     parser.add_argument("--rows", nargs="+", choices=["grpo", "dapo"], default=["grpo", "dapo"])
     parser.add_argument("--check-only", action="store_true", help="assert the agreement, time nothing")
+    parser.add_argument("--profile", type=int, metavar="STEPS", help="also profile both sides over STEPS steps")
     args = parser.parse_args()
     plan = resolve_file(EXPERIMENT, "dev", str(REPO / "results"))
     train_source = plan.experiment.data.train[0]
@@ -373,6 +484,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for row in [r for r in rows(kl) if r.name in args.rows]:
             check_agreement(bench, Path(tmp) / row.name, row)
+            if args.profile:
+                work = Path(tmp) / row.name / "profile"
+                ours = profile_ours(bench, work / "ours", row, args.profile)
+                print_profile(row.name, ours, profile_trl(bench, work / "trl", row, args.profile))
             if args.check_only:
                 continue
             results = {}

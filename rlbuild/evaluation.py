@@ -23,14 +23,13 @@ from rlbuild import storage
 from rlbuild.errors import RlbuildError
 from rlbuild.launch import LaunchDocument
 from rlbuild.manifest import verify_local
-from rlbuild.metricstream import read_run_metrics
+from rlbuild.metricstream import ZERO_REWARD_STEPS, read_run_metrics
 from rlbuild.rows import read_rows as read_jsonl_rows
 
 RESULTS = "results.json"
 TABLE = "results.html"
 CURVES = "curves.png"
 SCORES = ("accuracy", "pass_at_k")
-ZERO_REWARD_STEPS = "health/zero_reward_steps"  # written by the trainer (trainer/metrics.py)
 
 
 class EvalError(RlbuildError):

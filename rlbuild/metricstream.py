@@ -26,6 +26,8 @@ from typing import Any
 
 from rlbuild import storage
 
+# The trainer's count of consecutive steps whose rewards were all 0; the eval stage warns from it.
+ZERO_REWARD_STEPS = "health/zero_reward_steps"
 ATTEMPT = re.compile(r"^attempt-(\d{6})$")
 SEGMENT = re.compile(r"^(\d{6})\.jsonl$")
 START = "start.json"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rlbuild.launch import LaunchDocument
-from rlbuild.metricstream import MetricsStream
+from rlbuild.metricstream import ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.redact import redact_text
 from trainer import grpo
 from trainer.batch import UpdateBatch
@@ -36,7 +36,6 @@ PROGRESS = (
     ("policy/grad_norm", "grad"),
     ("perf/step_time_s", "s/step"),
 )
-ZERO_REWARD_STEPS = "health/zero_reward_steps"
 
 
 class Stopwatch:
