@@ -38,6 +38,10 @@ PROGRESS = (
 )
 
 
+# The policy's statistics that are means over the update's tokens.
+PER_TOKEN = ("kl", "entropy", "clip_frac", "log_ratio_rollout", "abs_log_ratio_rollout")
+
+
 class Stopwatch:
     """Wall time of a step's phases: `lap(name)` ends the phase that started at the previous lap."""
 
@@ -62,9 +66,13 @@ def step_metrics(
     sync_error: float,
     clock: Stopwatch,
 ) -> dict[str, Any]:
-    """What a step logs: rewards, the policy's statistics (`policy/*`), throughput and where the time went."""
+    """What a step logs: rewards, the policy's statistics (`policy/*`), throughput and where the time went.
+
+    Per-token statistics of an update without tokens (`zero_variance_filter` kept no group) are absent, not 0.
+    """
     completion_tokens = float(sum(len(r.token_ids) for r in rollouts))
     train_tokens = stats["train_tokens"]
+    policy = {k: v for k, v in stats.items() if k != "train_tokens" and (train_tokens > 0 or k not in PER_TOKEN)}
     return {
         "reward/mean": float(rewards.mean()),
         "reward/min": float(rewards.min()),
@@ -74,7 +82,7 @@ def step_metrics(
         "response/length_mean": completion_tokens / len(rollouts),
         "response/finished_frac": sum(r.finished for r in rollouts) / len(rollouts),
         "policy/trained_sequences": int((batch.tensors["completion_mask"].sum(dim=1) > 0).sum()),
-        **{f"policy/{name}": value for name, value in stats.items() if name != "train_tokens"},
+        **{f"policy/{name}": value for name, value in policy.items()},
         "sync/max_abs_logprob_diff": sync_error,
         "perf/tokens_per_s": completion_tokens / max(clock.total(), 1e-9),
         "perf/rollout_tokens_per_s": completion_tokens / max(clock.laps["rollout"], 1e-9),

@@ -9,10 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlbuild import storage
 from rlbuild.metricstream import MetricsStream, merge, read_run_metrics, read_stream
-from trainer.metrics import MetricsWriter
+from trainer.batch import UpdateBatch
+from trainer.engines import Rollout
+from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
 
 STEPS = 500
 CHECKPOINT_EVERY = 50
@@ -107,3 +110,19 @@ def test_progress_line_and_the_zero_reward_warning(tmp_path: Path, capsys: pytes
     assert [r["health/zero_reward_steps"] for r in writer.records()] == [1, 2, 3, 4, 5]
     writer.log(6, {**zero, "reward/mean": 0.25, "reward/max": 1.0})
     assert writer.records()[-1]["health/zero_reward_steps"] == 0
+
+
+def test_an_update_without_tokens_logs_no_per_token_statistics() -> None:
+    # zero_variance_filter kept no group: the update saw no token, so KL and entropy are unknown, not 0.
+    clock = Stopwatch()
+    for phase in ("rollout", "train", "sync"):
+        clock.lap(phase)
+    rollouts = [Rollout([5, 2], [-0.1, -0.2], True)] * 4
+    batch = UpdateBatch({"completion_mask": torch.zeros(2, 2)}, 2)
+    stats = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "lr": 1e-3}
+    values = step_metrics(torch.zeros(4), 4, rollouts, batch, {**stats, "train_tokens": 0.0}, 0.0, clock)
+    assert "policy/kl" not in values and "policy/entropy" not in values and "policy/clip_frac" not in values
+    assert values["policy/lr"] == 1e-3 and values["policy/trained_sequences"] == 0
+    assert values["reward/zero_variance_groups"] == 1.0
+    values = step_metrics(torch.zeros(4), 4, rollouts, batch, {**stats, "train_tokens": 8.0}, 0.0, clock)
+    assert values["policy/kl"] == 0.0
