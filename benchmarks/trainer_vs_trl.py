@@ -20,6 +20,7 @@ step (the first step excluded: both warm up), held-out greedy accuracy, and the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -323,15 +324,14 @@ def run_trl(bench: Bench, work: Path, row: Row) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self.began = 0.0
+        """When each optimizer step ends: from one end to the next is everything the loop does for a step
+        (fetching rows, generating, scoring, the update, logging), as our step time is."""
 
-        def on_step_begin(self, *_: Any, **__: Any) -> None:
-            self.began = time.perf_counter()
+        def __init__(self) -> None:
+            self.ends: list[float] = []
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.times.append(time.perf_counter() - self.began)
+            self.ends.append(time.perf_counter())
 
     torch.set_num_threads(bench.threads)
     trainer = trl_trainer(bench, work, row)
@@ -344,9 +344,11 @@ def run_trl(bench: Bench, work: Path, row: Row) -> dict[str, Any]:
     trainer.save_model(str(out))
     trainer.processing_class.save_pretrained(out)
     epochs = bench.recipe.trainer.update_epochs_per_batch
-    per_step = [sum(timer.times[i : i + epochs]) for i in range(0, len(timer.times), epochs)]
+    # One of our steps is `epochs` optimizer steps of TRL; the first step (from no end to its end) is left out.
+    ends = timer.ends[epochs - 1 :: epochs]
+    per_step = [later - earlier for earlier, later in itertools.pairwise(ends)]
     return {
-        "seconds_per_step": statistics.mean(per_step[1:]),
+        "seconds_per_step": statistics.mean(per_step),
         "wall_s": wall,
         "accuracy": evaluate(out, bench.rows("validation"))["accuracy"],
     }
