@@ -12,7 +12,10 @@ of 16, 2 update epochs (TRL: num_iterations=2), lr 1e-3 cosine to 1e-4 over the 
 (`trainer.algorithm.advantage_eps`). Before timing a row, both sides compute the loss and gradients of one
 optimizer step on one fixed batch (same completions, the policy moved off the reference so the KL and the clip
 are live) and the benchmark asserts they agree. Then each side trains `--steps` steps; it prints seconds per
-step (the first step excluded: both warm up), held-out greedy accuracy, and the ratio.
+step (the first step excluded: both warm up; ours: the loop's own step time, TRL: from one step's end to the
+next, so everything its loop does counts), held-out greedy accuracy, and the ratio. TRL runs without activation
+checkpointing (its default recomputes every forward in the backward; ours does not, and the model is tiny).
+`--profile N` also prints where a step's time goes on each side (cProfile over N steps).
 
     .venv/bin/python benchmarks/trainer_vs_trl.py --steps 200 --threads 1     # needs: scripts/setup.sh --group bench
 """
@@ -415,7 +418,7 @@ def profile_ours(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, fl
             worker.shutdown()
     phases = {
         "no-grad scoring (reference, old)": _cumulative(train, "score", "trainer/policy.py"),
-        "forward with grad (loss)": _cumulative(train, "forward_logprobs", "trainer/policy.py", "_micro_loss"),
+        "forward with grad (loss)": _cumulative(train, "_micro_loss", "trainer/policy.py"),
         "backward": _cumulative(train, "backward", "torch/_tensor.py"),
         "clip + optimizer step": _cumulative(train, "clip_grad_norm_", "torch/nn/utils")
         + _cumulative(train, "step", "torch/optim/adam"),
@@ -430,16 +433,17 @@ def profile_trl(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, flo
     trainer = trl_trainer(bench, work, row)
     trainer.args.max_steps = steps * bench.recipe.trainer.update_epochs_per_batch
     stats, train_s = _profiled(trainer.train, 1)
+    rollout = _cumulative(stats, "_generate", "trl/")
     rewards = _cumulative(stats, "_calculate_rewards", "trl/")
-    # TRL wraps its forwards in a profiling decorator (`wrapper`): attribute them by who called the wrapper.
+    # TRL's forwards go through one recursive profiling decorator, which cProfile cannot split by caller: its
+    # no-grad scoring is what `_generate_and_score_completions` spends besides sampling and rewards.
     phases = {
-        "rollout (sampling)": _cumulative(stats, "_generate_single_turn", "trl/"),
+        "rollout (sampling)": rollout,
         "rewards": rewards,
-        "no-grad scoring (reference, old)": _cumulative(
-            stats, "wrapper", "trl/extras/profiling.py", "_generate_and_score_completions"
-        )
+        "no-grad scoring (reference, old)": _cumulative(stats, "_generate_and_score_completions", "trl/")
+        - rollout
         - rewards,
-        "forward with grad (loss)": _cumulative(stats, "wrapper", "trl/extras/profiling.py", "_compute_loss"),
+        "forward with grad (loss)": _cumulative(stats, "_compute_loss", "trl/"),
         "backward": _cumulative(stats, "backward", "accelerate/accelerator.py"),
         "clip + optimizer step": _cumulative(stats, "clip_grad_norm_", "accelerate/accelerator.py")
         + _cumulative(stats, "step", "accelerate/optimizer.py"),
