@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 RECORD_NAME = "identity.json"
+METRICS_NAME = "metrics.jsonl"  # the train artifact's merged metrics, beside terminal.json (rlbuild/metricstream.py)
 MUTABLE_VERSION = "dev"
 
 
@@ -29,6 +30,10 @@ class Artifact:
         """The rule's output: the version folder, or the file in it (`{version}` for the rule's pattern)."""
         folder = self.version_folder(version)
         return f"{folder}/{self.output}" if self.output else folder
+
+    def file(self, version: str, name: str) -> str:
+        """Another file the artifact keeps in its version folder (the train artifact's `metrics.jsonl`)."""
+        return f"{self.version_folder(version)}/{name}"
 
     def record(self, version: str = "{version}") -> str:
         """Where the identity record lives: beside the version folder, never inside a directory output, so that
@@ -67,8 +72,9 @@ def kind_of_target(target: str) -> str | None:
 
 @dataclass(frozen=True)
 class TemporaryPaths:
-    """Checkpoints and attempt state of one training run: under `tmp/ttl=<N>d/` so a bucket lifecycle rule can
-    expire them. A `dev` run's live under its fingerprint, so a changed configuration never resumes another's."""
+    """Checkpoints, attempt state and the metrics stream of one training run: under `tmp/ttl=<N>d/` so a bucket
+    lifecycle rule can expire them. A `dev` run's live under its fingerprint, so a changed configuration never
+    resumes another's."""
 
     version: str
     ttl_days: int
@@ -86,3 +92,8 @@ class TemporaryPaths:
     @property
     def attempts(self) -> str:
         return f"{self.root}/attempts"
+
+    @property
+    def metrics(self) -> str:
+        """The metrics stream's segments while the run goes; merged into `train/v<version>/metrics.jsonl` at its end."""
+        return f"{self.root}/metrics"

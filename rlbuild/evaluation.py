@@ -1,8 +1,9 @@
 """The eval stage: score an exported policy on the validation set and draw its training curves.
 
-Writes, into the eval directory: `results.json` (scores plus a summary of training), `results.html`
-(the same scores as a table, for the Snakemake report) and `curves.png` (reward per step and held-out
-accuracy per eval step). The scoring itself is the trainer's (`python -m trainer eval`).
+Writes, into the eval directory: `results.json` (scores plus a summary of training, with its warnings),
+`results.html` (the same as a table, for the Snakemake report) and `curves.png` (reward, held-out accuracy,
+KL, entropy, response length and groups without signal, per step). The scoring itself is the trainer's
+(`python -m trainer eval`); the training curves are the run's metrics stream (rlbuild/metricstream.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rlbuild import storage
 from rlbuild.errors import RlbuildError
 from rlbuild.launch import LaunchDocument
 from rlbuild.manifest import verify_local
+from rlbuild.metricstream import ZERO_REWARD_STEPS, read_run_metrics
 from rlbuild.rows import read_rows as read_jsonl_rows
 
 RESULTS = "results.json"
@@ -51,32 +53,6 @@ def read_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
     return rows
 
 
-def read_metrics(metrics_uri: str | None) -> tuple[list[dict[str, Any]], int]:
-    """(metric lines, unreadable line count) from a metrics.jsonl; empty when there is none.
-
-    A training run killed mid-write leaves a torn last line; it is counted, not fatal.
-    """
-    text = storage.read_text(metrics_uri) if metrics_uri else None
-    if text is None:
-        return [], 0
-    lines = text.splitlines()
-    records: list[dict[str, Any]] = []
-    unreadable = 0
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            unreadable += 1
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int | float):
-            records.append(record)
-        else:
-            unreadable += 1
-    return records, unreadable
-
-
 def _series(records: Iterable[Mapping[str, Any]], field: str) -> tuple[list[float], list[float]]:
     """(steps, values) of the lines that carry a finite number in `field`."""
     steps: list[float] = []
@@ -89,10 +65,16 @@ def _series(records: Iterable[Mapping[str, Any]], field: str) -> tuple[list[floa
     return steps, values
 
 
-def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int) -> dict[str, Any]:
-    _, rewards = _series(records, "reward_mean")
-    eval_steps, accuracies = _series(records, "eval_accuracy")
-    summary: dict[str, Any] = {"metric_lines": len(records), "unreadable_lines": unreadable}
+def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int, warn_after: int) -> dict[str, Any]:
+    """First/last/max reward, last/best held-out accuracy, and warnings a reader must not miss.
+
+    `warn_after` is the recipe's `trainer.zero_reward_warning_steps`: a run whose rewards were all zero for that
+    many consecutive steps (the trainer's `health/zero_reward_steps`) had no learning signal there.
+    """
+    _, rewards = _series(records, "reward/mean")
+    eval_steps, accuracies = _series(records, "eval/accuracy")
+    _, zero_streaks = _series(records, ZERO_REWARD_STEPS)
+    summary: dict[str, Any] = {"metric_lines": len(records), "unreadable_lines": unreadable, "warnings": []}
     if records:
         summary["last_step"] = max(r["step"] for r in records)
     if rewards:
@@ -100,6 +82,13 @@ def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int) -> d
     if accuracies:
         best = max(range(len(accuracies)), key=accuracies.__getitem__)
         summary["eval_accuracy"] = {"last": accuracies[-1], "best": accuracies[best], "best_step": eval_steps[best]}
+    longest = int(max(zero_streaks, default=0))
+    summary["longest_zero_reward_steps"] = longest
+    if warn_after and longest >= warn_after:
+        summary["warnings"].append(
+            f"every reward was 0 for {longest} consecutive steps (warning after {warn_after}): no learning signal "
+            "there; check that the base model answers in the reward's format before training longer"
+        )
     return summary
 
 
@@ -113,34 +102,49 @@ def _score(result: Mapping[str, Any], key: str) -> float:
     return float(value)
 
 
+def axis_limits(values: Sequence[float], min_span: float) -> tuple[float, float]:
+    """y limits from 0 (or the lowest value, if negative) to the highest, at least `min_span` tall.
+
+    Autoscaling a flat series magnifies noise: a reward of 0 with one 0.004 step would fill the panel as a
+    spike. Anchoring at 0 with a floor on the span draws flat series flat (rewards and accuracies use span 1).
+    """
+    low = min(0.0, *values) if values else 0.0
+    high = max(values, default=low)
+    span = max(high - low, min_span)
+    return low - 0.02 * span, low + 1.04 * span
+
+
+# (metric, panel title, minimum y span): the curves the eval stage draws, row by row.
+PANELS = (
+    ("reward/mean", "reward mean per step", 1.0),
+    ("eval/accuracy", "held-out accuracy", 1.0),
+    ("reward/zero_variance_groups", "groups without signal (all rewards equal)", 1.0),
+    ("policy/kl", "KL(policy || reference)", 1e-3),
+    ("policy/entropy", "entropy (nats per token)", 0.1),
+    ("response/length_mean", "response length (tokens)", 1.0),
+)
+
+
 def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, path: Path, *, title: str = "") -> None:
-    """Reward mean per step and held-out accuracy per eval step, as a PNG (atomically)."""
+    """The training curves (PANELS) and the export's accuracy, as a PNG (atomically)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reward_steps, rewards = _series(records, "reward_mean")
-    eval_steps, accuracies = _series(records, "eval_accuracy")
-    fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    if rewards:
-        ax_reward.plot(reward_steps, rewards, color="tab:blue", linewidth=1.2)
-    else:
-        ax_reward.text(
-            0.5, 0.5, "no reward_mean in the metrics", ha="center", va="center", transform=ax_reward.transAxes
-        )
-    ax_reward.set(title="reward mean per step", xlabel="step", ylabel="reward mean")
-    ax_reward.grid(alpha=0.3)
-    if accuracies:
-        ax_acc.plot(eval_steps, accuracies, marker="o", color="tab:green", label="held-out accuracy during training")
-    if accuracy is not None:
-        ax_acc.axhline(accuracy, color="tab:red", linestyle="--", label=f"export accuracy {accuracy:.3f}")
-    if accuracies or accuracy is not None:
-        ax_acc.legend(loc="lower right", fontsize="small")
-    else:
-        ax_acc.text(0.5, 0.5, "no eval_accuracy in the metrics", ha="center", va="center", transform=ax_acc.transAxes)
-    ax_acc.set(title="held-out accuracy", xlabel="step", ylabel="accuracy", ylim=(-0.02, 1.02))
-    ax_acc.grid(alpha=0.3)
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), constrained_layout=True)
+    for ax, (name, panel, min_span) in zip(axes.flat, PANELS, strict=True):
+        steps, values = _series(records, name)
+        shown = [*values, accuracy] if name == "eval/accuracy" and accuracy is not None else values
+        if values:
+            ax.plot(steps, values, marker="o" if name == "eval/accuracy" else None, linewidth=1.2)
+        if name == "eval/accuracy" and accuracy is not None:
+            ax.axhline(accuracy, color="tab:red", linestyle="--", label=f"export accuracy {accuracy:.3f}")
+            ax.legend(loc="lower right", fontsize="small")
+        if not shown:
+            ax.text(0.5, 0.5, f"no {name} in the metrics", ha="center", va="center", transform=ax.transAxes)
+        ax.set(title=panel, xlabel="step", ylim=axis_limits(shown, min_span))
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     png = io.BytesIO()
@@ -169,6 +173,7 @@ def _table_html(results: Mapping[str, Any]) -> str:
         rows.append(
             ("held-out accuracy last / best (step)", f"{acc['last']:.4f} / {acc['best']:.4f} ({acc['best_step']:g})")
         )
+    rows += [("warning", warning) for warning in training["warnings"]]
     body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>eval results</title>"
@@ -209,7 +214,8 @@ def run_eval(
     rows = read_rows(validation_files)
     scored = score_with_trainer(Path(model_dir), validation_files, launch, k)
     seed = launch.run.seed
-    records, unreadable = read_metrics(launch.artifacts.metrics_uri)
+    artifacts = launch.artifacts
+    records, unreadable = read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)
     results: dict[str, Any] = {
         "accuracy": _score(scored, "accuracy"),
         "pass_at_k": _score(scored, "pass_at_k"),
@@ -219,7 +225,7 @@ def run_eval(
         "validation_files": [Path(p).name for p in validation_files],
         # How the scores were sampled (temperature, greedy/sampled counts, ...), as the scorer reports it.
         "samples": {key: value for key, value in scored.items() if key not in SCORES},
-        "training": training_summary(records, unreadable),
+        "training": training_summary(records, unreadable, launch.recipe.trainer.zero_reward_warning_steps),
     }
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

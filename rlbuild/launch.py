@@ -75,7 +75,8 @@ class Artifacts(_Section):
     attempts_root: str = Field(description="per-attempt state: rendezvous, heartbeats, Ray logs")
     export_root: str = Field(description="where the export rule publishes the terminal checkpoint")
     terminal_manifest_uri: str = Field(description="terminal.json: written once, last")
-    metrics_uri: str = Field(description="metrics.jsonl of the run")
+    metrics_uri: str = Field(description="the run's metrics.jsonl, beside terminal.json: written whole at the end")
+    metrics_segments_root: str = Field(description="the metrics stream while the run goes (rlbuild/metricstream.py)")
     resume_checkpoint_count: int = Field(ge=1, le=5, description="checkpoints kept for resuming")
 
 

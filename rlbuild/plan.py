@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuild import runtime
-from rlbuild.artifacts import TemporaryPaths, artifact
+from rlbuild.artifacts import METRICS_NAME, TemporaryPaths, artifact
 from rlbuild.errors import PreflightError
 from rlbuild.identity import derived_record, make_record
 from rlbuild.launch import (
@@ -167,7 +167,8 @@ def build_launch(
             attempts_root=join(root, temporary.attempts),
             export_root=join(root, artifact("export").path(version)),
             terminal_manifest_uri=join(root, artifact("train").path(version)),
-            metrics_uri=join(root, temporary.checkpoints, "metrics.jsonl"),
+            metrics_uri=join(root, artifact("train").file(version, METRICS_NAME)),
+            metrics_segments_root=join(root, temporary.metrics),
             resume_checkpoint_count=experiment.retention.resume_checkpoint_count,
         ),
         inputs=Inputs(

@@ -60,8 +60,13 @@ class Policy(_Section):
 class Algorithm(_Section):
     advantage_estimator: Literal["grpo"] = Field("grpo", description="group-relative advantages (GRPO)")
     grpo_norm_by_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
+    advantage_eps: float = Field(
+        1.0e-6, ge=0, le=1, description="added to the group's std before dividing (SkyRL 1e-6; TRL's fixed 1e-4)"
+    )
     zero_variance_filter: bool = Field(
-        False, description="train only on groups whose rewards differ (faster; drops their KL term)"
+        False,
+        description="train only on groups whose rewards differ (faster; drops their KL term; under seq_mean_* "
+        "reductions each kept sequence then weighs n_all / n_kept more, a larger step)",
     )
     use_kl_loss: bool = Field(True, description="add kl_loss_coef x KL(policy || reference) to the loss")
     kl_loss_coef: float = Field(0.04, ge=0, description="weight of the KL term")
@@ -96,6 +101,9 @@ class TrainerSection(_Section):
     resume_path: str | None = Field(None, description="a global_step_N folder, for resume_mode from_path")
     eval_interval: int = Field(25, ge=-1, description="global steps between held-out evals; -1 disables")
     eval_before_train: bool = Field(True, description="score the held-out set before the first step")
+    zero_reward_warning_steps: int = Field(
+        20, ge=0, description="warn when every reward was 0 for this many consecutive steps (no signal); 0: never"
+    )
     logger: Literal["console", "wandb"] = Field("console", description="where metrics go besides metrics.jsonl")
     project_name: str = Field("rlbuild", min_length=1, max_length=128, description="the W&B project")
     num_threads: int = Field(1, ge=1, le=1024, description="torch intra-op threads per actor on CPU")

@@ -13,15 +13,16 @@ Dependency-light on purpose: it runs while Snakemake builds the DAG.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
 import statistics
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 from rlbuild.errors import Violation
+from rlbuild.metricstream import STEP_TIME
 from rlbuild.spec import Experiment, SlurmExecution, size_bytes
 
 CPU_VARIANT = "cpu"  # a topology of CPU ranks (the embedded default): whole nodes, no GPU request
@@ -79,16 +80,9 @@ def expected_links(slurm: SlurmExecution, max_steps: int, step_time_s: float | N
     return max(1, math.ceil(max_steps * step_time_s / usable_seconds(slurm)))
 
 
-def measured_step_time(metrics_text: str | None) -> float | None:
-    """The median `step_time_s` of a run's metrics.jsonl (an earlier link or run of this version)."""
-    times = []
-    for line in (metrics_text or "").splitlines():
-        try:
-            value = json.loads(line).get("step_time_s")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(value, int | float) and value > 0:
-            times.append(float(value))
+def measured_step_time(records: list[dict[str, Any]]) -> float | None:
+    """The median `perf/step_time_s` of a run's metric lines (an earlier link or run of this version)."""
+    times = [float(v) for r in records if isinstance(v := r.get(STEP_TIME), int | float) and v > 0]
     return statistics.median(times) if times else None
 
 

@@ -23,12 +23,13 @@ from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_targ
 from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.jobenv import restrict_to_forwarded
 from rlbuild.lease import Leases, describe, held_leases, lease_uri
+from rlbuild.metricstream import read_run_metrics
 from rlbuild.plan import Plan
 from rlbuild.planview import format_plan
 from rlbuild.preflight import check_experiment
 from rlbuild.redact import redact_text
 from rlbuild.spec import Experiment, check_version, load_experiment
-from rlbuild.storage import join, read_text
+from rlbuild.storage import join
 from rlbuild.validation import violations
 from rlbuild.versioning import StoredRecords, checked_plan
 
@@ -238,7 +239,8 @@ class Graph:
         placement = self.experiment.execution.slurm
         if placement is None or placement.step_time_s is not None or not self.announce:
             return None  # in a job (a later link reads the earlier links' metrics), the submitter has checked
-        measured = slurm.measured_step_time(read_text(plan.launch.artifacts.metrics_uri))
+        artifacts = plan.launch.artifacts
+        measured = slurm.measured_step_time(read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0])
         t = plan.recipe.trainer
         problems = slurm.check_chain(self.experiment, t.max_steps, t.ckpt_interval, measured)
         if problems:

@@ -67,18 +67,23 @@ def experiment_document(
     *,
     task: str = "addition",
     seed: int = 0,
+    data_seed: int | None = None,
     recipe: dict[str, Any] | None = None,
     role_plan: dict[str, Any] | None = None,
     topology: dict[str, Any] | None = None,
     retention: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """An experiment document: the tiny default's shape, local sources under `sources`, the test batch sizes."""
+    """An experiment document: the tiny default's shape, local sources under `sources`, the test batch sizes.
+
+    The task's split is revision `seed-<data_seed>` (default: the seed), the base model that of `seed`.
+    """
     doc = yaml.safe_load((REPO / "config" / "experiments" / "tiny-addition.yaml").read_text())
     model = f"local:{base_model_dir(seed)}"
+    data_seed = seed if data_seed is None else data_seed
     doc.update(name="test", seed=seed)
     doc["model"] = {"source": model, "revision": "tiny", "tokenizer": {"source": model, "revision": "tiny"}}
     doc["data"] = {
-        split: [{"source": f"local:{_task_file(sources, task, split, seed)}", "revision": f"seed-{seed}"}]
+        split: [{"source": f"local:{_task_file(sources, task, split, data_seed)}", "revision": f"seed-{data_seed}"}]
         for split in tasks.SPLITS
     }
     doc["role_plan"] = {**doc["role_plan"], **TEST_ROLE_PLAN, **(role_plan or {})}

@@ -37,14 +37,19 @@ def build_batch(prompts: list[list[int]], rollouts: list[Rollout], pad_id: int) 
 
 
 def add_loss_weights(batch: Batch, mini_rows: int, reduction: str) -> None:
-    """Per-token weights normalised over each whole optimizer mini-batch (HEAD semantics, no micro bias)."""
+    """Per-token weights normalised over each whole optimizer mini-batch (HEAD semantics, no micro bias).
+
+    `loss_weights` reduce the policy loss as the recipe says; `seq_weights` (sequence mean of token means) the KL
+    term, as SkyRL keeps it; `token_weights` (token mean) the entropy bonus, as TRL and SkyRL take it.
+    """
     mask = batch["completion_mask"]
-    loss_w, seq_w = torch.zeros_like(mask), torch.zeros_like(mask)
+    weights = {name: torch.zeros_like(mask) for name in ("loss_weights", "seq_weights", "token_weights")}
     for start in range(0, mask.shape[0], mini_rows):
         rows = slice(start, start + mini_rows)
-        loss_w[rows] = grpo.reduction_weights(mask[rows], reduction)
-        seq_w[rows] = grpo.reduction_weights(mask[rows], "seq_mean_token_mean")
-    batch["loss_weights"], batch["seq_weights"] = loss_w, seq_w
+        weights["loss_weights"][rows] = grpo.reduction_weights(mask[rows], reduction)
+        weights["seq_weights"][rows] = grpo.reduction_weights(mask[rows], "seq_mean_token_mean")
+        weights["token_weights"][rows] = grpo.reduction_weights(mask[rows], "token_mean")
+    batch.update(weights)
 
 
 def drop_zero_variance_groups(
@@ -54,8 +59,10 @@ def drop_zero_variance_groups(
 
     Each mini-batch keeps its own informative rows, padded (completion mask 0, so zero weight) to a common
     size that splits evenly over the ranks. Returns the new batch and its rows per mini-batch.
+    Under the seq_mean_* reductions the loss averages over the kept sequences, so each weighs n_all / n_kept
+    more than without the filter: the step grows by that factor (token_mean likewise, by the token ratio).
     """
-    informative = (rewards.view(-1, group_size).std(dim=1) > 0).repeat_interleave(group_size)
+    informative = (~grpo.uniform_groups(rewards, group_size)).repeat_interleave(group_size)
     n = informative.shape[0]
     kept = [torch.nonzero(informative[s : s + mini_rows]).flatten() + s for s in range(0, n, mini_rows)]
     width = max(world, -(-max(len(k) for k in kept) // world) * world)

@@ -8,7 +8,6 @@ Layout:
                                    rank 0: the terminal checkpoint only (what export publishes)
     global_step_N/trainer_state.json  {global_step, data_cursor, seed, runtime_source_digest, ...}: after the payload
     latest                         "N": written last, so a checkpoint without it was never completed
-    metrics.jsonl                  beside the checkpoints (trainer/metrics.py)
 
 Only the terminal checkpoint carries the HF folder: it costs a full gather into one host's memory and a second
 copy of the weights in storage, a resume never reads it, and only the terminal checkpoint is exported.

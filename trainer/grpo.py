@@ -16,17 +16,31 @@ REDUCTIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 POLICY_LOSSES = ("regular", "dual_clip")
 
 
+def uniform_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[groups] True where every reward of a group of two or more samples is exactly equal: no learning signal.
+
+    An exact comparison, not `std == 0`: the float32 mean of eight rewards of 0.3 is off by ~3e-8, so their std
+    is not exactly 0 either. The advantages, the zero-variance filter and the zero-variance metric all use this.
+    A singleton group is never uniform: it has no peers, and takes the SkyRL baseline (mean 0, std 1).
+    """
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={group_size}")
+    groups = rewards.view(-1, group_size)
+    if group_size == 1:
+        return torch.zeros(groups.shape[0], dtype=torch.bool, device=rewards.device)
+    return (groups == groups[:, :1]).all(dim=1)
+
+
 def group_advantages(
     rewards: torch.Tensor, group_size: int, norm_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
     """Per-sequence advantages: (r - mean_group) / (std_group + eps), std unbiased (N-1).
 
     `rewards` is [B] with B = prompts * group_size, each group a contiguous block of one prompt's samples.
-    A group whose rewards are all equal gets advantage 0 (its centred scores are exactly 0). A singleton group
-    uses mean 0 and std 1, as SkyRL does. With `norm_by_std=False` this is Dr. GRPO: r - mean.
+    A group whose rewards are all equal gets advantage exactly 0, whatever the values (`uniform_groups`). A
+    singleton group uses mean 0 and std 1, as SkyRL does. With `norm_by_std=False` this is Dr. GRPO: r - mean.
     """
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={group_size}")
+    uniform = uniform_groups(rewards, group_size)
     groups = rewards.float().view(-1, group_size)
     if group_size == 1:
         mean, std = torch.zeros_like(groups), torch.ones_like(groups)
@@ -35,7 +49,7 @@ def group_advantages(
         std = groups.std(dim=1, keepdim=True)
     centred = groups - mean
     advantages = centred / (std + eps) if norm_by_std else centred
-    return advantages.reshape(-1)
+    return advantages.masked_fill(uniform[:, None], 0.0).reshape(-1)
 
 
 def reduction_weights(mask: torch.Tensor, reduction: str) -> torch.Tensor:

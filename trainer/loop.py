@@ -2,8 +2,8 @@
 
     run()    where to start (fresh, resumed, or refused), the inputs, the roles on Ray; train(); terminal.json
     train()  each step: prompts -> rollouts -> rewards -> advantages -> update -> weight sync
-             -> held-out eval and checkpoint when due -> metrics; before a wall-clock limit, a checkpoint
-             and exit "to be continued" (trainer/continuation.py)
+             -> held-out eval and checkpoint when due -> metrics (appended; merged into metrics.jsonl at the end);
+             before a wall-clock limit, a checkpoint and exit "to be continued" (trainer/continuation.py)
 
 The driver (this process) owns the data order, rewards, advantages and loss weights; the policy workers own
 the model and optimizer; the engines own sampling. Everything random derives from (seed, step), so a run resumed
@@ -92,7 +92,7 @@ def train(
     # A fresh start (also --allow-retrain / resume_mode none) drops every earlier line; a resume keeps its past.
     metrics = MetricsWriter.for_launch(launch, kept_until=step if resume else -1)
     if step == 0 and t.eval_before_train:
-        metrics.log(0, {"eval_accuracy": held_out_accuracy(launch, roles, inputs)})
+        metrics.log(0, {"eval/accuracy": held_out_accuracy(launch, roles, inputs)})
     while step < t.max_steps:
         step += 1
         clock = Stopwatch()
@@ -102,7 +102,9 @@ def train(
         rollouts = roles.generate(prompts, sampling, t.seed * data.SEED_STRIDE + step)
         clock.lap("rollout")
         rewards = torch.tensor(score_rollouts(inputs.tokenizer, inputs.environment, rows, rollouts))
-        advantages = grpo.group_advantages(rewards, g.n_samples_per_prompt, t.algorithm.grpo_norm_by_std)
+        advantages = grpo.group_advantages(
+            rewards, g.n_samples_per_prompt, t.algorithm.grpo_norm_by_std, t.algorithm.advantage_eps
+        )
         batch = update_batch(prompts, rollouts, rewards, advantages, launch.recipe, pad_id)
         stats = roles.update(batch, minis, t.micro_train_batch_size_per_gpu)
         clock.lap("train")
@@ -110,19 +112,21 @@ def train(
         clock.lap("sync")
         values = step_metrics(rewards, g.n_samples_per_prompt, rollouts, batch, stats, sync_error, clock)
         if _due(step, t.eval_interval, t.max_steps):
-            values["eval_accuracy"] = held_out_accuracy(launch, roles, inputs)
+            values["eval/accuracy"] = held_out_accuracy(launch, roles, inputs)
         stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point
-        if _due(step, t.ckpt_interval, t.max_steps) or stop:
+        checkpointed = _due(step, t.ckpt_interval, t.max_steps) or stop is not None
+        if checkpointed:
             state = {"seed": t.seed, "run_id": launch.run.id, "policy_world_size": t.placement.policy_world_size}
             # Only the terminal checkpoint gathers an HF folder (trainer/checkpoint.py says why).
             write = partial(roles.save_checkpoint, with_hf_folder=step == t.max_steps)
             checkpoints.save(step, cursor, state, write)
-        values["step_time_s"] = clock.total()
-        metrics.log(step, values)
+        values["perf/step_time_s"] = clock.total()
+        # Lines up to a checkpoint must survive a kill: a resume from it keeps them (and drops the later ones).
+        metrics.log(step, values, flush=checkpointed)
         if stop:
-            metrics.close()
+            metrics.close(None)  # the run goes on in the next link: no metrics.jsonl yet
             raise continuation.ToBeContinued(step, checkpoints.step_uri(step), stop)
-    metrics.close()
+    metrics.close(launch.artifacts.metrics_uri)
     return metrics.records()
 
 

@@ -1,7 +1,9 @@
-"""Per-step metrics: `metrics.jsonl` beside the checkpoints, a console line, and W&B when configured.
+"""Per-step metrics: an append-only stream beside the run, a progress line, and W&B when configured.
 
-The file is rewritten whole each step (S3 has no append); on resume, lines after the resumed step are dropped
-so the file always describes one consistent run.
+Names are namespaced the way W&B groups them (`reward/mean`, `policy/kl`, `perf/step_time_s`, `eval/accuracy`;
+the full list is in docs/design.md). Lines go to the metrics stream (rlbuild/metricstream.py): segments under
+`artifacts.metrics_segments_root` while the run goes, one merged `metrics.jsonl` at `artifacts.metrics_uri` at
+its end. On resume, lines after the resumed step are dropped, so the stream always describes one consistent run.
 
 W&B (`trainer.logger: wandb`) reads its usual environment: online it needs WANDB_API_KEY; with WANDB_MODE=offline
 it needs no account or network and writes `wandb/offline-run-*` under WANDB_DIR (default: the working directory),
@@ -10,7 +12,6 @@ which `wandb sync` uploads later.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -18,14 +19,27 @@ from typing import Any
 
 import torch
 
-from rlbuild import storage
 from rlbuild.launch import LaunchDocument
+from rlbuild.metricstream import ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.redact import redact_text
+from trainer import grpo
 from trainer.batch import UpdateBatch
 from trainer.engines import Rollout
 from trainer.errors import TrainerError
 
-CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "kl", "entropy", "grad_norm", "step_time_s")
+# What the progress line shows, and how it labels it.
+PROGRESS = (
+    ("reward/mean", "reward"),
+    ("eval/accuracy", "held-out"),
+    ("policy/kl", "kl"),
+    ("policy/entropy", "entropy"),
+    ("policy/grad_norm", "grad"),
+    ("perf/step_time_s", "s/step"),
+)
+
+
+# The policy's statistics that are means over the update's tokens.
+PER_TOKEN = ("kl", "entropy", "clip_frac", "log_ratio_rollout", "abs_log_ratio_rollout")
 
 
 class Stopwatch:
@@ -52,56 +66,108 @@ def step_metrics(
     sync_error: float,
     clock: Stopwatch,
 ) -> dict[str, Any]:
-    """What a step logs: rewards, the policy's statistics, throughput and where the time went."""
+    """What a step logs: rewards, the policy's statistics (`policy/*`), throughput and where the time went.
+
+    Per-token statistics of an update without tokens (`zero_variance_filter` kept no group) are absent, not 0.
+    """
     completion_tokens = float(sum(len(r.token_ids) for r in rollouts))
-    grouped = rewards.view(-1, group_size)
+    train_tokens = stats["train_tokens"]
+    policy = {k: v for k, v in stats.items() if k != "train_tokens" and (train_tokens > 0 or k not in PER_TOKEN)}
     return {
-        "reward_mean": float(rewards.mean()),
-        "frac_correct": float((rewards >= 1.0).float().mean()),
-        "zero_variance_groups": float((grouped.std(dim=1) == 0).float().mean()),
-        "trained_sequences": int((batch.tensors["completion_mask"].sum(dim=1) > 0).sum()),
-        "response_length": completion_tokens / len(rollouts),
-        **stats,
-        "weight_sync_max_abs_diff": sync_error,
-        "rollout_tokens_per_s": completion_tokens / max(clock.laps["rollout"], 1e-9),
-        "train_tokens_per_s": stats["train_tokens"] / max(clock.laps["train"], 1e-9),
-        "rollout_time_s": clock.laps["rollout"],
-        "train_time_s": clock.laps["train"],
-        "sync_time_s": clock.laps["sync"],
+        "reward/mean": float(rewards.mean()),
+        "reward/min": float(rewards.min()),
+        "reward/max": float(rewards.max()),
+        "reward/frac_correct": float((rewards >= 1.0).float().mean()),
+        "reward/zero_variance_groups": float(grpo.uniform_groups(rewards, group_size).float().mean()),
+        "response/length_mean": completion_tokens / len(rollouts),
+        "response/finished_frac": sum(r.finished for r in rollouts) / len(rollouts),
+        "policy/trained_sequences": int((batch.tensors["completion_mask"].sum(dim=1) > 0).sum()),
+        **{f"policy/{name}": value for name, value in policy.items()},
+        "sync/max_abs_logprob_diff": sync_error,
+        "perf/tokens_per_s": completion_tokens / max(clock.total(), 1e-9),
+        "perf/rollout_tokens_per_s": completion_tokens / max(clock.laps["rollout"], 1e-9),
+        "perf/train_tokens_per_s": train_tokens / max(clock.laps["train"], 1e-9),
+        "perf/rollout_time_s": clock.laps["rollout"],
+        "perf/train_time_s": clock.laps["train"],
+        "perf/sync_time_s": clock.laps["sync"],
     }
 
 
 class MetricsWriter:
-    def __init__(self, uri: str, kept_until: int, max_steps: int, wandb_run: Any = None) -> None:
-        """Lines of an earlier attempt up to step `kept_until` are kept (a resume); -1 starts afresh."""
-        self.uri, self.max_steps, self.wandb = uri, max_steps, wandb_run
-        self.lines: list[str] = []
-        existing = storage.read_text(self.uri) or ""
-        for line in existing.splitlines():
-            if line.strip() and json.loads(line).get("step", 0) <= kept_until:
-                self.lines.append(line)
+    """Appends each step's line to the metrics stream, prints the progress line, warns when rewards stay zero."""
+
+    def __init__(
+        self, stream: MetricsStream, max_steps: int, zero_reward_warning_steps: int = 0, wandb_run: Any = None
+    ) -> None:
+        self.stream, self.max_steps, self.wandb = stream, max_steps, wandb_run
+        self.warn_after = zero_reward_warning_steps
+        kept = stream.records()
+        self.zero_reward_steps = int(kept[-1].get(ZERO_REWARD_STEPS, 0)) if kept else 0
+        self.first_step = max(stream.kept_until, 0)
+        self.started = time.monotonic()
 
     @classmethod
     def for_launch(cls, launch: LaunchDocument, kept_until: int) -> MetricsWriter:
+        """Lines of earlier attempts up to step `kept_until` are kept (a resume); -1 starts afresh."""
         t = launch.recipe.trainer
         run = open_wandb(t.project_name, launch.run.id, launch.recipe.model_dump()) if t.logger == "wandb" else None
-        return cls(launch.artifacts.metrics_uri, kept_until, t.max_steps, run)
+        stream = MetricsStream(launch.artifacts.metrics_segments_root, kept_until)
+        return cls(stream, t.max_steps, t.zero_reward_warning_steps, run)
 
-    def log(self, step: int, values: dict[str, Any]) -> None:
+    def log(self, step: int, values: dict[str, Any], flush: bool = False) -> None:
+        """Append the step's line (`flush`: make it durable now, as at a checkpoint), print progress, send to W&B."""
+        if "reward/mean" in values:
+            self._watch_rewards(step, values)
         record = {"step": step, **{k: _plain(v) for k, v in values.items()}}
-        self.lines.append(json.dumps(record))
-        storage.write_text(self.uri, "\n".join(self.lines) + "\n")
-        shown = " ".join(f"{k}={record[k]:.4g}" for k in CONSOLE_KEYS if isinstance(record.get(k), float | int))
-        print(f"[trainer] step {step}/{self.max_steps} {shown}", file=sys.stderr, flush=True)
+        self.stream.append(record)
+        if flush:
+            self.stream.flush()
+        print(self.progress(record), file=sys.stderr, flush=True)
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.lines]
+    def _watch_rewards(self, step: int, values: dict[str, Any]) -> None:
+        all_zero = values["reward/min"] == 0 and values["reward/max"] == 0
+        self.zero_reward_steps = self.zero_reward_steps + 1 if all_zero else 0
+        values[ZERO_REWARD_STEPS] = self.zero_reward_steps
+        if self.warn_after and self.zero_reward_steps == self.warn_after:
+            print(
+                f"[trainer] WARNING: every reward was 0 for {self.warn_after} consecutive steps "
+                f"({step - self.warn_after + 1}-{step}): no learning signal. Check that the base model can answer "
+                "in the reward's format at all (sample it), and the prompt format, before training longer.",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    def close(self) -> None:
+    def progress(self, record: dict[str, Any]) -> str:
+        """`step 41/500 | 0:00:12 elapsed, ETA 0:02:25 | reward 0.004 | kl 0.014 | ...`"""
+        step = record["step"]
+        elapsed = time.monotonic() - self.started
+        done = step - self.first_step
+        eta = _clock(elapsed / done * (self.max_steps - step)) if done > 0 else "?"
+        shown = [f"{label} {record[k]:.4g}" for k, label in PROGRESS if isinstance(record.get(k), int | float)]
+        if self.zero_reward_steps >= max(self.warn_after, 1):
+            shown.append(f"all rewards 0 for {self.zero_reward_steps} steps")
+        return " | ".join([f"[trainer] step {step}/{self.max_steps}", f"{_clock(elapsed)} elapsed, ETA {eta}", *shown])
+
+    def records(self) -> list[dict[str, Any]]:
+        return self.stream.records()
+
+    def close(self, metrics_uri: str | None) -> None:
+        """Make every line durable and finish W&B; with `metrics_uri` (the run is complete) also write the run's
+        metrics.jsonl, once. A run that goes on in another attempt passes None."""
+        if metrics_uri is None:
+            self.stream.flush()
+        else:
+            self.stream.finish(metrics_uri)
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def open_wandb(project: str, run_id: str, config: dict[str, Any]) -> Any:
@@ -133,4 +199,5 @@ def open_wandb(project: str, run_id: str, config: dict[str, Any]) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    return round(value, 6) if isinstance(value, float) else value
+    """Floats to 7 significant digits (float32 precision): short lines, and a 3e-7 learning rate stays 3e-7."""
+    return float(f"{value:.7g}") if isinstance(value, float) else value

@@ -47,8 +47,16 @@ def forward_logprobs(
     if share_prompts:
         logits = _shared_prompt_logits(model, ids, attention, positions, completion_width)
     else:
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-        logits = logits[:, -completion_width - 1 : -1]
+        # Without left padding the model numbers positions 0..n-1 itself (the same on every real token, and it
+        # then skips looking for packed sequences), and only the logits that predict completion tokens are made:
+        # ~20% less time per micro-batch forward and backward on the tiny model, the same bits on real tokens.
+        left_padded = bool((attention[:, 0] == 0).any())
+        logits = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions if left_padded else None,
+            logits_to_keep=completion_width + 1,
+        ).logits[:, :-1]
     targets = ids[:, -completion_width:]
     if not with_entropy:
         return grpo.token_logprobs(logits, targets, temperature), None
@@ -161,16 +169,21 @@ class PolicyWorker(sharding.Rank):
         old_seen = torch.zeros_like(shard["completion_mask"])
         sums = {name: torch.zeros((), device=self.device) for name in _SUMMED}
         per_mini = shard["input_ids"].shape[0] // minis
-        grad_norms = []
+        grad_norms, lrs = [], []
         self.model.train()
         for epoch in range(self.recipe.trainer.update_epochs_per_batch):
             for m in range(minis):
                 rows = range(m * per_mini, (m + 1) * per_mini)
                 seen = old_seen if epoch == 0 else None
+                lrs.append(self.scheduler.get_last_lr()[0])  # the rate this optimizer step uses
                 grad_norms.append(self._optimizer_step(shard, rows, micro, old, ref, sums, seen))
             if old is None:
                 old = old_seen
-        return self._statistics(shard, sums, grad_norms, old_seen)
+        stats = self._statistics(shard, sums, grad_norms, old_seen)
+        stats["lr"] = sum(lrs) / len(lrs)
+        if ref is None:
+            del stats["kl"]  # no KL term this step: absent, not 0.0
+        return stats
 
     def _scores(self, shard: dict[str, torch.Tensor], minis: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """No-grad reference logprobs, and old-policy logprobs when they cannot come from the first epoch."""
@@ -242,7 +255,6 @@ class PolicyWorker(sharding.Rank):
             "log_ratio_rollout": totals["log_ratio_rollout"] / tokens,
             "abs_log_ratio_rollout": totals["abs_log_ratio_rollout"] / tokens,
             "grad_norm": sum(grad_norms) / len(grad_norms),
-            "lr": self.scheduler.get_last_lr()[0],
             "train_tokens": totals["tokens"] * epochs,
         }
 
@@ -282,7 +294,8 @@ class PolicyWorker(sharding.Rank):
             loss = loss + algorithm.kl_loss_coef * (kl * seq_weights).sum()
             sums["kl_tokens"] += (kl.detach() * mask).sum()
         if algorithm.use_entropy_loss:
-            loss = loss - algorithm.entropy_loss_coef * (entropy * seq_weights).sum()
+            # The bonus is the mini-batch's token-mean entropy, as TRL and SkyRL take it (without their micro bias).
+            loss = loss - algorithm.entropy_loss_coef * (entropy * batch["token_weights"]).sum()
         sums["entropy_tokens"] += (entropy.detach() * mask).sum()
         sums["clipped_tokens"] += (clipped * mask).sum()
         return loss, old
@@ -347,7 +360,14 @@ _SUMMED = ("pg_loss", "kl_tokens", "entropy_tokens", "clipped_tokens")
 _ALL_SUMS = (*_SUMMED, "tokens", "log_ratio_rollout", "abs_log_ratio_rollout")
 
 
-_PER_COMPLETION_TOKEN = ("completion_mask", "rollout_logprobs", "ref_logprobs", "loss_weights", "seq_weights")
+_PER_COMPLETION_TOKEN = (
+    "completion_mask",
+    "rollout_logprobs",
+    "ref_logprobs",
+    "loss_weights",
+    "seq_weights",
+    "token_weights",
+)
 
 
 def _take(batch: dict[str, torch.Tensor], rows: slice) -> tuple[dict[str, torch.Tensor], int]:

@@ -91,13 +91,17 @@ class Roles:
         self.weight_specs = ray.get([w.weight_specs.remote() for w in self.policy])[0]
 
     def sync_weights(self, probe: list[int], probe_start: int, tolerance: float) -> float:
-        """Broadcast the policy's full weights to every engine, then check engine logprobs == policy logprobs."""
-        ray.get(
-            [w.broadcast_weights.remote() for w in self.policy]
-            + [e.receive_weights.remote(self.weight_specs) for e in self.engines]
-        )
-        expected = ray.get([w.sequence_logprobs.remote(probe, probe_start) for w in self.policy])[0]
-        observed = ray.get([e.sequence_logprobs.remote(probe, probe_start) for e in self.engines])
+        """Broadcast the policy's full weights to every engine, then check engine logprobs == policy logprobs.
+
+        All calls go out at once: an actor runs one caller's calls in order, so each probe runs after its actor's
+        side of the broadcast, and the step waits for one round trip instead of three.
+        """
+        transfer = [w.broadcast_weights.remote() for w in self.policy]
+        transfer += [e.receive_weights.remote(self.weight_specs) for e in self.engines]
+        expected_calls = [w.sequence_logprobs.remote(probe, probe_start) for w in self.policy]
+        observed_calls = [e.sequence_logprobs.remote(probe, probe_start) for e in self.engines]
+        ray.get(transfer)
+        expected, observed = ray.get(expected_calls)[0], ray.get(observed_calls)
         worst = max((max_abs_difference(expected, got) for got in observed), default=0.0)
         if worst > tolerance:
             raise WeightSyncError(

@@ -18,22 +18,24 @@ from trainer.errors import TrainerError
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The terminal manifest's metrics: held-out accuracy before/after, and the last 10 steps' averages."""
-    steps = [r for r in records if r["step"] > 0 and "reward_mean" in r]
+    steps = [r for r in records if r["step"] > 0 and "reward/mean" in r]
     tail = steps[-10:]
-    evals = [r for r in records if r.get("eval_accuracy") is not None]
+    evals = [r for r in records if r.get("eval/accuracy") is not None]
 
     def mean(key: str, rows: list[dict[str, Any]]) -> float | None:
-        return sum(r[key] for r in rows) / len(rows) if rows else None
+        values = [r[key] for r in rows if key in r]
+        return sum(values) / len(values) if values else None
 
     return {
         "steps_logged": len(steps),
-        "initial_eval_accuracy": evals[0]["eval_accuracy"] if evals and evals[0]["step"] == 0 else None,
-        "final_eval_accuracy": evals[-1]["eval_accuracy"] if evals else None,
-        "final_reward_mean": mean("reward_mean", tail),
-        "final_frac_correct": mean("frac_correct", tail),
-        "final_kl": mean("kl", tail),
-        "mean_step_time_s": mean("step_time_s", steps),
-        "total_step_time_s": sum(r["step_time_s"] for r in steps),
+        "initial_eval_accuracy": evals[0]["eval/accuracy"] if evals and evals[0]["step"] == 0 else None,
+        "final_eval_accuracy": evals[-1]["eval/accuracy"] if evals else None,
+        "final_reward_mean": mean("reward/mean", tail),
+        "final_frac_correct": mean("reward/frac_correct", tail),
+        "final_kl": mean("policy/kl", tail),  # None when no KL was computed
+        "longest_zero_reward_steps": max((r.get("health/zero_reward_steps", 0) for r in steps), default=0),
+        "mean_step_time_s": mean("perf/step_time_s", steps),
+        "total_step_time_s": sum(r["perf/step_time_s"] for r in steps),
     }
 
 

@@ -90,8 +90,13 @@ def test_every_artifact_kind_is_complete_with_its_identity_record(pipeline: Pipe
         assert record["version"] == VERSION and record["identity"].startswith("tiny-addition/")
     terminal = json.loads((root / "train" / f"v{VERSION}" / "terminal.json").read_text())
     assert terminal["global_step"] == 4
+    # The run's metrics stay with the train artifact, outside the TTL'd tmp/ folder.
+    metrics = [json.loads(line) for line in (root / "train" / f"v{VERSION}" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == [0, 1, 2, 3, 4]
+    assert {"reward/mean", "policy/kl", "policy/lr", "perf/step_time_s", "eval/accuracy"} <= metrics[2].keys()
     results = json.loads((root / "eval" / f"v{VERSION}" / "results.json").read_text())
     assert 0.0 <= results["accuracy"] <= 1.0 and results["n"] > 0
+    assert results["training"]["last_step"] == 4
     assert (root / "eval" / f"v{VERSION}" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -273,6 +278,8 @@ def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> No
     keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="rlbuild/tiny-addition/")["Contents"]}
     prefix = "rlbuild/tiny-addition"
     assert f"{prefix}/train/v{VERSION}/terminal.json" in keys
+    assert f"{prefix}/train/v{VERSION}/metrics.jsonl" in keys
+    assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/metrics/attempt-000001/") for k in keys)
     assert f"{prefix}/eval/v{VERSION}/results.json" in keys
     assert f"{prefix}/export/v{VERSION}/model.safetensors" in keys
     assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/checkpoints/global_step_2/") for k in keys)

@@ -68,7 +68,8 @@ def test_a_measured_step_time_checks_the_lead_one_checkpoint_interval_and_the_li
     assert "shorter than one step (~90 s)" in problems["execution.slurm.signal_lead_s"]
     assert "under one checkpoint interval (200 steps x ~90 s" in problems["execution.slurm.time_limit"]
     assert "raise max_links to at least 26" in problems["execution.slurm.max_links"]
-    assert slurm.measured_step_time('{"step": 1, "step_time_s": 3}\n{"step": 2, "step_time_s": 5}\nnot json\n') == 4
+    lines = [{"step": 1, "perf/step_time_s": 3}, {"step": 2, "perf/step_time_s": 5}, {"step": 3}]
+    assert slurm.measured_step_time(lines) == 4 and slurm.measured_step_time([]) is None
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The eval stage: results.json, the results table and the curves PNG from a synthetic metrics.jsonl."""
+"""The eval stage: results.json, the results table and the curves PNG from synthetic metrics."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild.evaluation import EvalError, plot_curves, read_metrics, run_eval
+from rlbuild.evaluation import EvalError, axis_limits, plot_curves, run_eval
 from rlbuild.launch import LaunchDocument, load_launch
 from rlbuild.manifest import ManifestError, ManifestMismatchError, write_manifest
+from rlbuild.metricstream import MetricsStream, read_run_metrics
 from rlbuild.rows import RowError
 from tests.launches import base_model_dir, write_test_launch
 
@@ -17,9 +18,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _metrics(path: Path) -> Path:
-    lines = [json.dumps({"step": s, "reward_mean": s / 10, "entropy": 1.0}) for s in range(1, 11)]
-    lines[4] = json.dumps({"step": 5, "eval_accuracy": 0.4})  # an eval line without reward
-    lines.append(json.dumps({"step": 10, "eval_accuracy": 0.7, "reward_mean": None}))
+    lines = [json.dumps({"step": s, "reward/mean": s / 10, "policy/entropy": 1.0}) for s in range(1, 11)]
+    lines[4] = json.dumps({"step": 5, "eval/accuracy": 0.4})  # an eval line without reward
+    lines.append(json.dumps({"step": 10, "eval/accuracy": 0.7, "reward/mean": None}))
     lines.append('{"step": 11, "rew')  # torn by a killed writer
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -51,7 +52,7 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, launch: LaunchDoc
     assert 0.0 <= results["accuracy"] <= 1.0 and 0.0 <= results["pass_at_k"] <= 1.0
     assert results["samples"] == {"n": 20, "k": 2, "temperature": 1.0}
     training = results["training"]
-    assert training["unreadable_lines"] == 1 and training["last_step"] == 10
+    assert training["unreadable_lines"] == 1 and training["last_step"] == 10 and training["warnings"] == []
     assert training["reward_mean"] == {"first": 0.1, "last": 1.0, "max": 1.0}
     assert training["eval_accuracy"] == {"last": 0.7, "best": 0.7, "best_step": 10.0}
     assert "pass@2" in (out / "results.html").read_text()
@@ -64,10 +65,39 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, launch: LaunchDoc
 
 
 def test_plot_without_metrics(tmp_path: Path) -> None:
-    records, unreadable = read_metrics(str(tmp_path / "absent.jsonl"))
+    records, unreadable = read_run_metrics(str(tmp_path / "absent.jsonl"), str(tmp_path / "no-segments"))
     assert (records, unreadable) == ([], 0)
     plot_curves(records, None, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_flat_series_are_drawn_flat() -> None:
+    # A reward of 0 with one lucky step must not autoscale into a spike filling the panel.
+    low, high = axis_limits([0.0, 0.0, 0.004, 0.0], min_span=1.0)
+    assert low < 0 < 0.004 < 0.01 * (high - low) and high > 1.0
+    assert axis_limits([], min_span=1.0) == axis_limits([0.0], min_span=1.0)
+    low, high = axis_limits([2.0, 3.5], min_span=0.1)  # entropy: from 0, to the highest value
+    assert low <= 0 and 3.5 < high < 3.7
+    low, high = axis_limits([-1.0, 0.5], min_span=1.0)  # negative rewards stay in view
+    assert low < -1.0 and high > 0.5
+
+
+def test_a_run_without_signal_says_so_and_a_killed_run_is_read_from_its_segments(
+    tmp_path: Path, launch: LaunchDocument
+) -> None:
+    # No merged metrics.jsonl (the run was killed): the eval reads the stream's segments.
+    stream = MetricsStream(launch.artifacts.metrics_segments_root, kept_until=-1)
+    for step in range(1, 31):
+        stream.append({"step": step, "reward/mean": 0.0, "health/zero_reward_steps": step})
+    stream.flush()
+    assert launch.recipe.trainer.zero_reward_warning_steps == 20
+    validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
+    results = run_eval(base_model_dir(0), validation, launch, tmp_path / "eval", k=2)
+    training = results["training"]
+    assert training["last_step"] == 30 and training["longest_zero_reward_steps"] == 30
+    assert len(training["warnings"]) == 1
+    assert training["warnings"][0].startswith("every reward was 0 for 30 consecutive steps (warning after 20)")
+    assert "every reward was 0 for 30 consecutive steps" in (tmp_path / "eval" / "results.html").read_text()
 
 
 def test_validation_data_is_verified_and_checked(tmp_path: Path, launch: LaunchDocument) -> None:

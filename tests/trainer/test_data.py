@@ -136,3 +136,11 @@ def test_zero_variance_groups_are_dropped_and_padding_weighs_nothing() -> None:
     assert out["completion_mask"].sum(dim=1).tolist() == [2, 2, 0, 0]
     layout.add_loss_weights(out, rows_per_mini, "seq_mean_token_mean")
     assert out["loss_weights"].flatten().tolist() == pytest.approx([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0])
+
+
+def test_the_filter_drops_all_equal_float_groups_whose_std_is_not_exactly_zero() -> None:
+    rewards = torch.tensor([0.3] * 8 + [0.3] * 7 + [0.7])
+    assert rewards[:8].std() > 0  # float32 rounding: `std > 0` would have kept this group
+    batch = {"input_ids": torch.arange(16)[:, None], "completion_mask": torch.ones(16, 1)}
+    out, rows_per_mini = layout.drop_zero_variance_groups(batch, rewards, group_size=8, mini_rows=16, world=1)
+    assert rows_per_mini == 8 and out["input_ids"].flatten().tolist() == list(range(8, 16))

@@ -144,6 +144,52 @@ def test_weights_broadcast_over_a_gloo_group_reach_the_engine(model_dir: Path, b
     assert all(math.isfinite(lp) for r in rollouts for lp in r.logprobs)
 
 
+def test_weights_travel_in_buckets_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Packing tensors into buckets changes how many broadcasts a sync takes, not one bit of what arrives."""
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        "a.weight": torch.randn(3, 5, generator=generator),
+        "b.bias": torch.randn(7, generator=generator),
+        "c.scale": torch.randn(2, 2, generator=generator).to(torch.bfloat16),
+        "d.big": torch.randn(40, generator=generator),
+        "e.steps": torch.arange(4),
+    }
+    specs = weight_sync.specs_of(state)
+    # 64 bytes a bucket: a and b (15 + 7 floats) split, d (160 bytes) goes alone, dtypes never mix.
+    assert [[s.name for s in b] for b in weight_sync.buckets(specs, limit=64)] == [
+        ["a.weight"],
+        ["b.bias"],
+        ["c.scale"],
+        ["d.big"],
+        ["e.steps"],
+    ]
+    assert [len(b) for b in weight_sync.buckets(specs, limit=1 << 20)] == [2, 1, 1, 1]
+    monkeypatch.setattr(weight_sync, "BUCKET_BYTES", 100)
+    sent: list[int] = []
+
+    class Counting:  # the real gloo group, counting its broadcasts
+        def __init__(self, group: Any) -> None:
+            self.group = group
+
+        def broadcast(self, tensor: torch.Tensor, root: int) -> Any:
+            sent.append(tensor.numel())
+            return self.group.broadcast(tensor, root)
+
+    port = free_port()
+    sender = threading.Thread(
+        target=lambda: weight_sync.send(
+            Counting(weight_sync.open_group("gloo", "127.0.0.1", port, 0, 2)), state, "gloo"
+        )
+    )
+    sender.start()
+    received = dict(weight_sync.receive(weight_sync.open_group("gloo", "127.0.0.1", port, 1, 2), specs, "gloo"))
+    sender.join(timeout=60)
+    assert sent == [22, 4, 40, 4]  # a + b (88 bytes), c, d, e: four broadcasts for five tensors
+    assert received.keys() == state.keys()
+    for name, tensor in state.items():
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+
+
 def test_an_unknown_weight_sync_backend_is_named() -> None:
     with pytest.raises(TrainerError, match="weight_sync_backend='mpi' is not supported"):
         weight_sync.open_group("mpi", "127.0.0.1", free_port(), 0, 1)

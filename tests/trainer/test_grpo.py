@@ -31,6 +31,24 @@ def test_all_equal_groups_get_zero_advantage() -> None:
     assert advantages.tolist() == [0.0] * 6
 
 
+@pytest.mark.parametrize("value", [0.3, 0.1, 0.7, 1 / 3, 0.0, 1.0, -2.5])
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_all_equal_float_groups_get_exactly_zero_advantage(value: float, norm_by_std: bool) -> None:
+    # The float32 mean of eight 0.3s is off by ~3e-8; divided by std + 1e-6 that used to become +0.03 each.
+    rewards = torch.tensor([value] * 8 + [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    advantages = grpo.group_advantages(rewards, group_size=8, norm_by_std=norm_by_std)
+    assert advantages[:8].tolist() == [0.0] * 8
+    assert advantages[8] > 0 and (advantages[9:] < 0).all()
+    assert grpo.uniform_groups(rewards, 8).tolist() == [True, False]
+
+
+def test_uniform_groups_is_an_exact_test() -> None:
+    nearly = torch.tensor([0.3, 0.3, 0.3, 0.3 + 1e-7])
+    assert grpo.uniform_groups(nearly, 4).tolist() == [False]
+    assert grpo.group_advantages(nearly, 4, eps=0.0).abs().max() > 0
+    assert grpo.uniform_groups(torch.tensor([0.5, 2.0]), 1).tolist() == [False, False]  # singletons never
+
+
 def test_dr_grpo_does_not_divide_by_std() -> None:
     advantages = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=4, norm_by_std=False)
     assert advantages.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])

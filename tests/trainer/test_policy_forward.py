@@ -57,6 +57,35 @@ def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(
     assert any(float(g.abs().max()) > 1e-3 for g in plain_grads), "the comparison must involve real gradients"
 
 
+def _reference(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The plain computation: every position's logits, positions counted from the attention mask."""
+    model.zero_grad(set_to_none=True)
+    ids, attention, width = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].shape[1]
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits[:, -width - 1 : -1]
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[:, -width:, None]).squeeze(-1)
+    mask = batch["completion_mask"]
+    (logp * torch.linspace(-1.0, 1.0, logp.numel()).view_as(logp) * mask).sum().backward()
+    return logp.detach() * mask, [p.grad.clone() for p in model.parameters()]
+
+
+def test_the_lean_forward_gives_the_same_bits_on_every_real_token(
+    model_dir: Path, batch: dict[str, torch.Tensor]
+) -> None:
+    """No explicit positions without left padding, logits only where a completion token is predicted."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    unpadded, _ = _take(batch, slice(0, GROUP))  # one prompt: no left padding once trimmed
+    assert bool(unpadded["attention_mask"][:, 0].all()) and not bool(batch["attention_mask"][:, 0].all())
+    for part in (unpadded, batch):
+        expected_logp, expected_grads = _reference(model, part)
+        model.zero_grad(set_to_none=True)
+        logp = forward_logprobs(model, part, 1.0, False)[0]
+        mask = part["completion_mask"]
+        (logp * torch.linspace(-1.0, 1.0, logp.numel()).view_as(logp) * mask).sum().backward()
+        assert torch.equal(logp.detach() * mask, expected_logp)
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected_grads, strict=True))
+
+
 def test_a_micro_batch_drops_the_padding_columns_none_of_its_rows_use(
     model_dir: Path, batch: dict[str, torch.Tensor]
 ) -> None:

@@ -17,17 +17,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.launches import placeable, write_test_launch
 
 METRIC_KEYS = {
-    "reward_mean",
-    "frac_correct",
-    "entropy",
-    "log_ratio_rollout",
-    "kl",
-    "grad_norm",
-    "rollout_tokens_per_s",
-    "train_tokens_per_s",
-    "step_time_s",
-    "weight_sync_max_abs_diff",
+    "reward/mean",
+    "reward/frac_correct",
+    "reward/zero_variance_groups",
+    "response/length_mean",
+    "policy/entropy",
+    "policy/log_ratio_rollout",
+    "policy/kl",
+    "policy/clip_frac",
+    "policy/grad_norm",
+    "policy/lr",
+    "perf/tokens_per_s",
+    "perf/rollout_tokens_per_s",
+    "perf/train_tokens_per_s",
+    "perf/step_time_s",
+    "sync/max_abs_logprob_diff",
+    "health/zero_reward_steps",
 }
+LR = 3e-4
 
 
 def trainer(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -42,14 +49,26 @@ def _doc(launch: Path) -> dict:
 
 
 def _metrics(doc: dict) -> list[dict]:
-    return [json.loads(line) for line in Path(doc["artifacts"]["metrics_uri"]).read_text().splitlines()]
+    """The run's merged metrics.jsonl, kept with the train artifact (beside terminal.json)."""
+    uri = doc["artifacts"]["metrics_uri"]
+    assert Path(uri).parent == Path(doc["artifacts"]["terminal_manifest_uri"]).parent
+    return [json.loads(line) for line in Path(uri).read_text().splitlines()]
 
 
 @pytest.mark.timeout(400)
 def test_train_then_export_then_eval(tmp_path: Path) -> None:
+    # Two optimizer steps (update epochs) per global step; warmup over the first two.
+    optimizer = {"lr": LR, "num_warmup_steps": 2}
     launch = write_test_launch(
         tmp_path,
-        recipe={"trainer": {"max_steps": 3, "ckpt_interval": 2, "eval_before_train": True}},
+        recipe={
+            "trainer": {
+                "max_steps": 3,
+                "ckpt_interval": 2,
+                "eval_before_train": True,
+                "policy": {"optimizer_config": optimizer},
+            }
+        },
         retention={"resume_checkpoint_count": 1},
     )
     doc = _doc(launch)
@@ -66,7 +85,9 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     records = _metrics(doc)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert all(r.keys() >= METRIC_KEYS for r in records[1:])
-    assert all(r["weight_sync_max_abs_diff"] < 1e-4 for r in records[1:])
+    assert all(r["sync/max_abs_logprob_diff"] < 1e-4 for r in records[1:])
+    # The rate the step's optimizer steps used (warmup factors 1/2 and 1), not the next step's.
+    assert [r["policy/lr"] for r in records[1:]] == pytest.approx([0.75 * LR, LR, LR])
 
     again = trainer("run", "--launch", str(launch))
     assert again.returncode != 0 and "already exists" in again.stderr
@@ -123,7 +144,8 @@ def resume_to_the_end(launch: Path, killed_at: int, max_steps: int) -> subproces
     assert f"resumed from {doc['artifacts']['checkpoint_root']}/global_step_{killed_at}" in logs
     terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
     assert terminal["global_step"] == max_steps
-    assert [r["step"] for r in _metrics(doc)] == list(range(1, max_steps + 1))
+    assert [r["step"] for r in _metrics(doc)] == list(range(1, max_steps + 1))  # the killed steps replayed once
+    assert len(list(Path(doc["artifacts"]["metrics_segments_root"]).glob("attempt-*"))) == 2
     return resumed
 
 
@@ -176,12 +198,15 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
             "policy_mini_batch_size": 2,
             "micro_train_batch_size_per_gpu": 8,
         },
+        recipe={"trainer": {"algorithm": {"use_kl_loss": False}}},
     )
     result = trainer("run", "--launch", str(launch), timeout=450)
     assert result.returncode == 0, result.stderr[-3000:]
     doc = _doc(launch)
     assert json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())["global_step"] == 2
-    assert all(r["weight_sync_max_abs_diff"] < 1e-4 for r in _metrics(doc))
+    records = _metrics(doc)
+    assert all(r["sync/max_abs_logprob_diff"] < 1e-4 for r in records)
+    assert not any("policy/kl" in r for r in records), "no KL term: KL is absent, not 0.0"
 
 
 @pytest.mark.timeout(400)
@@ -200,6 +225,6 @@ def test_a_reference_on_its_own_workers_trains_exactly_like_a_colocated_one(tmp_
         loop.run(launch)
         runs[name] = _metrics(yaml.safe_load(path.read_text()))
     for colocated, separate in zip(runs["colocated"], runs["separate"], strict=True):
-        assert colocated["kl"] > 0, "the KL term must be live for the comparison to mean anything"
-        for key in ("reward_mean", "kl", "pg_loss", "grad_norm", "entropy"):
+        assert colocated["policy/kl"] > 0, "the KL term must be live for the comparison to mean anything"
+        for key in ("reward/mean", "policy/kl", "policy/pg_loss", "policy/grad_norm", "policy/entropy"):
             assert separate[key] == pytest.approx(colocated[key], rel=1e-4, abs=1e-6), (key, colocated["step"])
