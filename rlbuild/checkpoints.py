@@ -3,6 +3,7 @@ the graph and `rlbuild status`, which read it.
 
     global_step_N/sharded/             torch.distributed.checkpoint: model, optimizer, scheduler (one .distcp a rank)
     global_step_N/policy/              the full model as a Hugging Face folder, at the terminal step only
+    global_step_N/manifest.json        sha256 and size of every file of the checkpoint (rlbuild/manifest.py)
     global_step_N/trainer_state.json   {global_step, data_cursor, runtime_source_digest, launch_fingerprint, ...}
     latest                             "N": written last, so a checkpoint it does not name was never completed
 """

@@ -212,6 +212,7 @@ def run_eval(
         # The scorer reports greedy accuracy, and pass@k from k sampled answers only for k > 1.
         raise EvalError(f"k={k}: pass@k needs k >= 2 sampled answers per prompt; pass --k 2 or more")
     rows = read_rows(validation_files)
+    verify_local(Path(model_dir))  # the export's manifest: a changed file is corruption, never a score
     scored = score_with_trainer(Path(model_dir), validation_files, launch, k)
     seed = launch.run.seed
     artifacts = launch.artifacts

@@ -13,6 +13,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +39,13 @@ class ManifestMismatchError(ManifestError):
     """Files of a manifested directory differ from its manifest. `problems` lists every one of them."""
 
     def __init__(self, where: str, problems: Sequence[str], fix: str) -> None:
-        self.where = where
-        self.problems = list(problems)
+        self.where, self.problems, self.fix = where, list(problems), fix
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{where} does not match its manifest ({len(self.problems)} problems):\n{lines}\n{fix}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, list[str], str]]:
+        # Raised inside a Ray actor, it is pickled to the driver: rebuild it from its parts, not its message.
+        return (type(self), (self.where, self.problems, self.fix))
 
 
 def sha256_file(path: Path) -> str:
@@ -159,6 +163,18 @@ def _cache_path(cache_dir: Path, root: str) -> Path:
     return cache_dir / "local" / root.lstrip("/")
 
 
+def _stream(fs: fsspec.AbstractFileSystem, path: str, out: Path | None = None) -> tuple[str, int]:
+    """sha256 and size of a stored file, read once; copied to `out` on the way when given."""
+    digest, size = hashlib.sha256(), 0
+    with fs.open(path, "rb") as src, out.open("wb") if out else nullcontext() as sink:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if sink is not None:
+                sink.write(chunk)
+    return digest.hexdigest(), size
+
+
 def _download_verified(fs: fsspec.AbstractFileSystem, root: str, files: Mapping[str, Any], dest: Path) -> None:
     """Copy every manifest file of `root` into `dest`, hashing as it streams; raise listing all problems."""
     base = root.removeprefix(storage.S3)
@@ -174,12 +190,7 @@ def _download_verified(fs: fsspec.AbstractFileSystem, root: str, files: Mapping[
             continue
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        with fs.open(f"{base}/{rel}", "rb") as src, target.open("wb") as out:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-        actual[rel] = (digest.hexdigest(), target.stat().st_size)
+        actual[rel] = _stream(fs, f"{base}/{rel}", target)
     problems = compare(files, actual)
     if problems:
         raise ManifestMismatchError(
@@ -187,6 +198,52 @@ def _download_verified(fs: fsspec.AbstractFileSystem, root: str, files: Mapping[
             problems,
             "Storage was changed after the artifact was written (or writing was interrupted); rebuild it by "
             "rerunning its rule (with a new version if this one is fixed). Nothing was materialised.",
+        )
+
+
+def subtree(files: Mapping[str, Any], folder: str) -> dict[str, Any]:
+    """The manifest entries under `folder`, relative to it."""
+    prefix = folder.rstrip("/") + "/"
+    return {rel.removeprefix(prefix): entry for rel, entry in files.items() if rel.startswith(prefix)}
+
+
+def read_manifest(root: str) -> dict[str, Any]:
+    """The manifest of the stored directory `root`; ManifestError when it has none."""
+    uri = storage.join(root, MANIFEST)
+    text = storage.read_text(uri)
+    if text is None:
+        raise ManifestError(
+            f"{root} has no {MANIFEST}, so it is not a complete artifact (writing it did not finish); "
+            "rerun the rule that makes it."
+        )
+    return parse_manifest(text, uri)
+
+
+def fetch_verified(root: str, files: Mapping[str, Any], dest: Path) -> Path:
+    """Copy the stored folder `root` to the new local folder `dest`, checking it holds exactly `files`.
+
+    For a part of a manifested artifact (the HF folder of a checkpoint): pass `subtree(manifest, part)`.
+    """
+    fs, _ = storage.filesystem(root)
+    dest.mkdir(parents=True, exist_ok=False)
+    _download_verified(fs, root, files, dest)
+    return dest
+
+
+def verify_stored(root: str, files: Mapping[str, Any]) -> None:
+    """Check the given manifest entries of the stored folder `root` by reading each once (nothing is listed, so
+    ranks can split one folder's files between them); raise listing every problem."""
+    fs, base = storage.filesystem(root)
+    actual: dict[str, tuple[str | None, int]] = {}
+    for rel in sorted(files):
+        try:
+            actual[rel] = _stream(fs, f"{base.rstrip('/')}/{rel}")
+        except FileNotFoundError:
+            continue
+    problems = compare(files, actual)
+    if problems:
+        raise ManifestMismatchError(
+            root, problems, "Storage was changed after the checkpoint was written; resume from another checkpoint."
         )
 
 

@@ -276,18 +276,20 @@ def write_json(uri: str, value: Any) -> None:
 
 
 @_reported
-def put_dir(local: Path, uri: str) -> None:
-    """Copy the contents of a local folder to `uri`, replacing what is there."""
+def put_dir(local: Path, uri: str, replace: bool = True) -> None:
+    """Copy the contents of a local folder to `uri`, replacing what is there (or, with `replace=False`, beside
+    it: how the ranks of one checkpoint each add their own files)."""
     if is_s3(uri):
         fs, path = filesystem(uri)
-        if fs.exists(path):
+        if replace and fs.exists(path):
             fs.rm(path, recursive=True)
         fs.put(f"{str(local).rstrip('/')}/", path.rstrip("/") + "/", recursive=True)
         return
     target = Path(uri)
-    shutil.rmtree(target, ignore_errors=True)
+    if replace:
+        shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(local, target)
+    shutil.copytree(local, target, dirs_exist_ok=not replace)
 
 
 @_reported

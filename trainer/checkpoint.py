@@ -6,6 +6,8 @@ Layout:
                                    scheduler); what a resume reads (trainer/sharding.py)
     global_step_N/policy/          HF model folder (model.safetensors, config.json, tokenizer files), gathered by
                                    rank 0: the terminal checkpoint only (what export publishes)
+    global_step_N/manifest.json    sha256 and size of every file above (each rank hashes what it wrote): export and a
+                                   resume verify what they read against it
     global_step_N/trainer_state.json  {global_step, data_cursor, seed, runtime_source_digest, ...}: after the payload
     latest                         "N": written last, so a checkpoint without it was never completed
 
@@ -27,6 +29,7 @@ from typing import Any
 from rlbuild import checkpoints as layout
 from rlbuild import storage
 from rlbuild.checkpoints import LATEST, STATE, STEP_DIR
+from rlbuild.manifest import MANIFEST, ManifestError, read_manifest
 from trainer.errors import TrainerError
 
 
@@ -39,6 +42,7 @@ class Resume:
     step: int
     data_cursor: int
     uri: str
+    files: dict[str, Any]  # the checkpoint's manifest entries, to verify before loading
 
 
 class CheckpointManager:
@@ -55,12 +59,15 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         return layout.latest_step(self.root)
 
-    def save(self, step: int, data_cursor: int, extra: dict[str, Any], write_policy: Callable[[str], None]) -> str:
-        """Policy + optimizer (via `write_policy`), then trainer state, then `latest`; then prune old ones."""
+    def save(
+        self, step: int, data_cursor: int, extra: dict[str, Any], write_policy: Callable[[str], dict[str, Any]]
+    ) -> str:
+        """Policy + optimizer (via `write_policy`, which returns the manifest entries of what it wrote), then the
+        manifest, then trainer state, then `latest`; then prune old ones."""
         uri = self.step_uri(step)
         # What an interrupted earlier save of this step left (a resume from an older checkpoint gets here again).
         storage.remove(uri)
-        write_policy(uri)
+        storage.write_json(storage.join(uri, MANIFEST), {"files": write_policy(uri)})
         state = {
             "global_step": step,
             "data_cursor": data_cursor,
@@ -99,6 +106,10 @@ class CheckpointManager:
         if text is None:
             raise CheckpointError(f"{uri} has no {STATE}: it is not a complete checkpoint; resume another one")
         state = json.loads(text)
+        try:
+            files = read_manifest(uri)["files"]
+        except ManifestError as error:
+            raise CheckpointError(f"{error} Resume another checkpoint (resume_mode from_path).") from None
         if state.get("runtime_source_digest") != self.runtime_digest:
             raise CheckpointError(
                 f"checkpoint {uri} was written by runtime source digest {state.get('runtime_source_digest')}, but the "
@@ -112,4 +123,4 @@ class CheckpointManager:
                 f"{self.launch_fingerprint}: it was trained with another configuration. Resume it with "
                 "resume_mode: from_path if that is meant, or start from step 0 (--allow-retrain, or resume_mode: none)."
             )
-        return Resume(int(state["global_step"]), int(state["data_cursor"]), uri)
+        return Resume(int(state["global_step"]), int(state["data_cursor"]), uri, files)

@@ -86,7 +86,7 @@ def train(
     minis = t.train_batch_size // t.policy_mini_batch_size
     step, cursor = (resume.step, resume.data_cursor) if resume else (0, 0)
     if resume:
-        roles.load_checkpoint(resume.uri)
+        roles.load_checkpoint(resume.uri, resume.files)
         roles.sync_weights(*inputs.probe, g.weight_sync_check_tolerance)
         print(f"[trainer] resumed from {resume.uri} at step {step}", flush=True)
     # A fresh start (also --allow-retrain / resume_mode none) drops every earlier line; a resume keeps its past.

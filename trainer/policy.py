@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from transformers import AutoModelForCausalLM
 
 from rlbuild import checkpoints as layout
 from rlbuild import storage
+from rlbuild.manifest import describe_files, payload_files, verify_stored
 from rlbuild.recipe import Recipe
 from trainer import grpo, sharding, weight_sync
 
@@ -327,15 +329,19 @@ class PolicyWorker(sharding.Rank):
             logp, _ = forward_logprobs(self.model, batch, 1.0, False)
         return logp[0].cpu().tolist()
 
-    def save_checkpoint(self, step_uri: str, with_hf_folder: bool) -> None:
-        """Every rank writes its shards; with `with_hf_folder`, rank 0 also writes the full weights as an HF folder."""
-        sharding.save(storage.join(step_uri, layout.SHARDED), self.model, self.optimizer, self.scheduler)
+    def save_checkpoint(self, step_uri: str, with_hf_folder: bool) -> dict[str, Any]:
+        """Every rank writes its shards; with `with_hf_folder`, rank 0 also writes the full weights as an HF folder.
+        Returns the manifest entries of the files this rank wrote, relative to `step_uri`."""
+        shards = sharding.save(storage.join(step_uri, layout.SHARDED), self.model, self.optimizer, self.scheduler)
+        files = {f"{layout.SHARDED}/{rel}": entry for rel, entry in shards.items()}
         if with_hf_folder:
             state = sharding.full_state(self.model)
             if self.rank == 0:
-                self._write_hf_folder(state, storage.join(step_uri, layout.HF_FOLDER))
+                hf_files = self._write_hf_folder(state, storage.join(step_uri, layout.HF_FOLDER))
+                files |= {f"{layout.HF_FOLDER}/{rel}": entry for rel, entry in hf_files.items()}
+        return files
 
-    def _write_hf_folder(self, state: dict[str, torch.Tensor], uri: str) -> None:
+    def _write_hf_folder(self, state: dict[str, torch.Tensor], uri: str) -> dict[str, Any]:
         config = self.model.config
         if config.tie_word_embeddings:
             # A tied head shares the embedding's storage; safetensors refuses shared tensors, HF re-ties on load.
@@ -349,7 +355,13 @@ class PolicyWorker(sharding.Rank):
             for path in self.model_dir.iterdir():
                 if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges")):
                     shutil.copy2(path, out / path.name)
+            files = describe_files(dict(payload_files(out)))["files"]
             storage.put_dir(out, uri)
+        return files
+
+    def verify_checkpoint(self, step_uri: str, files: dict[str, Any]) -> None:
+        """Check this rank's share of a checkpoint's files against its manifest before any rank loads it."""
+        verify_stored(step_uri, files)
 
     def load_checkpoint(self, step_uri: str) -> None:
         """Load this rank's shards of the weights, optimizer and scheduler. Every rank must call this."""

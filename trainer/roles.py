@@ -12,6 +12,7 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from rlbuild import checkpoints as layout
 from trainer.batch import Batch, UpdateBatch
 from trainer.engines import Rollout, SamplingParams, max_abs_difference
 from trainer.errors import TrainerError
@@ -111,11 +112,23 @@ class Roles:
             )
         return worst
 
-    def save_checkpoint(self, uri: str, with_hf_folder: bool) -> None:
-        """Every policy rank writes its shards under `uri` (and rank 0 the HF folder when asked)."""
-        ray.get([w.save_checkpoint.remote(uri, with_hf_folder) for w in self.policy])
+    def save_checkpoint(self, uri: str, with_hf_folder: bool) -> dict[str, Any]:
+        """Every policy rank writes its shards under `uri` (and rank 0 the HF folder when asked); returns the
+        manifest entries of every file written."""
+        written = ray.get([w.save_checkpoint.remote(uri, with_hf_folder) for w in self.policy])
+        return {rel: entry for files in written for rel, entry in files.items()}
 
-    def load_checkpoint(self, uri: str) -> None:
+    def load_checkpoint(self, uri: str, files: dict[str, Any]) -> None:
+        """Verify the checkpoint's sharded files against its manifest (each rank reads a share, all before any
+        rank loads: a rank failing inside the collective load would leave the others waiting), then load it."""
+        sharded = sorted(rel for rel in files if rel.startswith(f"{layout.SHARDED}/"))
+        world = len(self.policy)
+        ray.get(
+            [
+                w.verify_checkpoint.remote(uri, {rel: files[rel] for rel in sharded[rank::world]})
+                for rank, w in enumerate(self.policy)
+            ]
+        )
         ray.get([w.load_checkpoint.remote(uri) for w in self.policy])
 
     def shutdown(self) -> None:

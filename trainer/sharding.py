@@ -8,9 +8,11 @@ the same numbers without FSDP2's hooks, which made a 1-rank CPU optimizer step 1
 
 Checkpoints are torch.distributed.checkpoint (DCP) folders, as in verl and SkyRL: every rank writes its own
 shards of the model and the optimizer state (rank 0 also the scheduler) into one `__<rank>_0.distcp` file, and
-rank 0 writes `.metadata`. They go straight to storage (a local folder or `s3://`, through fsspec with
-rlbuild.storage's settings), and a resuming rank reads only the bytes it needs. DCP records global shapes and
-offsets, so a checkpoint also loads into another world size (it reshards on load).
+rank 0 writes `.metadata`. Each rank writes to node-local disk first, hashes what it wrote (the checkpoint's
+manifest: a flipped bit in storage is then caught by the next reader, not trained on), and uploads its files
+beside the other ranks' (a local folder or `s3://`, through rlbuild.storage). A resuming rank reads only the bytes
+it needs through fsspec. DCP records global shapes and offsets, so a checkpoint also loads into another world
+size (it reshards on load).
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader, FsspecWriter
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -34,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rlbuild import storage
-from rlbuild.manifest import materialise
+from rlbuild.manifest import describe_files, materialise, payload_files
 from trainer import weight_sync
 
 # Gathered to rank 0 in host memory: what the engines and the HF folder need.
@@ -114,12 +118,15 @@ def _training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sc
     }
 
 
-def save(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    """Write model, optimizer and scheduler as a DCP folder at `uri`. Every rank must call this."""
+def save(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
+    """Write model, optimizer and scheduler as a DCP folder at `uri`; return the manifest entries of this rank's
+    files ({relpath: {sha256, size}}). Every rank must call this."""
     state = _training_state(model, optimizer, scheduler)
-    # fsync is for local files; an S3 object is whole once its upload closes.
-    writer = FsspecWriter(uri, sync_files=not storage.is_s3(uri), **storage.fsspec_options(uri))
-    dcp.save(state, storage_writer=writer)
+    with tempfile.TemporaryDirectory(prefix="rlbuild-dcp-") as tmp:
+        dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=False))
+        files = describe_files(dict(payload_files(Path(tmp))))
+        storage.put_dir(Path(tmp), uri, replace=False)
+    return files["files"]
 
 
 def load(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:

@@ -1,7 +1,8 @@
 """terminal.json: the run's completion record, written once and last.
 
-`{global_step, checkpoint_path, hf_path, export_path, runtime_source_digest, inputs, metrics}`: `hf_path` is the
-terminal checkpoint's `policy/` folder (a complete Hugging Face model), which the export rule publishes.
+`{global_step, checkpoint_path, hf_path, checkpoint_manifest_sha256, export_path, runtime_source_digest, inputs,
+metrics}`: `hf_path` is the terminal checkpoint's `policy/` folder (a complete Hugging Face model), which the export
+rule publishes after checking it against the checkpoint's manifest, whose digest is recorded here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from rlbuild import storage
 from rlbuild.checkpoints import HF_FOLDER
 from rlbuild.launch import LaunchDocument
+from rlbuild.manifest import manifest_digest, read_manifest
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import TrainerError
 
@@ -49,6 +51,8 @@ def write_terminal(
         "global_step": step,
         "checkpoint_path": checkpoint,
         "hf_path": storage.join(checkpoint, HF_FOLDER),
+        # The checkpoint's manifest as it was when training finished: export refuses a manifest changed since.
+        "checkpoint_manifest_sha256": manifest_digest(read_manifest(checkpoint)),
         "export_path": launch.artifacts.export_root,
         "runtime_source_digest": checkpoints.runtime_digest,
         "inputs": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,13 @@ def _validation(staged: Path, n: int = 5) -> Path:
     return path
 
 
+def _export(tmp_path: Path) -> Path:
+    """An export folder as the export rule writes it: an HF model folder with its manifest."""
+    export = Path(shutil.copytree(base_model_dir(0), tmp_path / "export"))
+    write_manifest(export)
+    return export
+
+
 @pytest.fixture
 def launch(tmp_path: Path) -> LaunchDocument:
     return load_launch(str(write_test_launch(tmp_path / "run")))
@@ -44,7 +52,7 @@ def launch(tmp_path: Path) -> LaunchDocument:
 def test_run_eval_writes_results_table_and_png(tmp_path: Path, launch: LaunchDocument) -> None:
     _metrics(Path(launch.artifacts.metrics_uri))
     validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
-    results = run_eval(base_model_dir(0), validation, launch, tmp_path / "eval", k=2)
+    results = run_eval(_export(tmp_path), validation, launch, tmp_path / "eval", k=2)
 
     out = tmp_path / "eval"
     assert json.loads((out / "results.json").read_text()) == results
@@ -62,6 +70,19 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, launch: LaunchDoc
 
     assert matplotlib.image.imread(out / "curves.png").shape[2] in (3, 4)
     assert not list(out.glob(".*tmp*"))
+
+
+def test_a_flipped_bit_in_the_export_is_corruption_never_a_score(tmp_path: Path, launch: LaunchDocument) -> None:
+    export = _export(tmp_path)
+    weights = export / "model.safetensors"
+    payload = bytearray(weights.read_bytes())
+    payload[-1] ^= 0x80
+    weights.write_bytes(bytes(payload))
+    validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
+    with pytest.raises(ManifestMismatchError, match=r"model\.safetensors: sha256") as error:
+        run_eval(export, validation, launch, tmp_path / "eval", k=2)
+    assert len(error.value.problems) == 1
+    assert not (tmp_path / "eval" / "results.json").exists()
 
 
 def test_plot_without_metrics(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,18 +14,20 @@ import torch.distributed as dist
 from rlbuild import runtime, storage
 from rlbuild.checkpoints import CheckpointLayoutError
 from rlbuild.launch import LaunchDocument, load_launch
+from rlbuild.manifest import describe_files, payload_files
 from tests.launches import write_test_launch
 from trainer import loop, sharding, tiny
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.errors import TrainerError
 
 
-def _write_policy(uri: str) -> None:
+def _write_policy(uri: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "policy").mkdir()
         (Path(tmp) / "policy" / "model.safetensors").write_text("weights")
         (Path(tmp) / "optimizer.pt").write_text("adam")
         storage.put_dir(Path(tmp), uri)
+        return describe_files(dict(payload_files(Path(tmp))))["files"]
 
 
 def _exercise(root: str) -> None:
@@ -38,6 +41,8 @@ def _exercise(root: str) -> None:
     assert names == ["global_step_4", "global_step_6"]
     resume = manager.resolve("latest", None)
     assert (resume.step, resume.data_cursor, resume.uri) == (6, 96, manager.step_uri(6))
+    assert set(resume.files) == {"policy/model.safetensors", "optimizer.pt"}
+    assert resume.files["optimizer.pt"]["size"] == 4
     state = json.loads(storage.read_text(storage.join(manager.step_uri(6), "trainer_state.json")))
     assert state["runtime_source_digest"] == "d1" and state["global_step"] == 6
     assert storage.exists(storage.join(manager.step_uri(6), "policy", "model.safetensors"))
@@ -62,6 +67,9 @@ def test_resume_errors(tmp_path: Path) -> None:
         manager.resolve("from_path", "/x/step3")
     (tmp_path / "global_step_3").mkdir()
     with pytest.raises(CheckpointError, match=r"no trainer_state\.json"):
+        manager.resolve("from_path", str(tmp_path / "global_step_3"))
+    (tmp_path / "global_step_3" / "trainer_state.json").write_text('{"global_step": 3, "data_cursor": 0}')
+    with pytest.raises(CheckpointError, match=r"global_step_3 has no manifest\.json.*Resume another checkpoint"):
         manager.resolve("from_path", str(tmp_path / "global_step_3"))
     (tmp_path / "latest").write_text("three")
     with pytest.raises(CheckpointLayoutError, match="not a step number"):

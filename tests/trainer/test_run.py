@@ -101,6 +101,27 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
     assert model.config.vocab_size == len(tokenizer)
     assert (out / "model.safetensors").exists()
+    assert set(json.loads((out / "manifest.json").read_text())["files"]) == {p.name for p in out.iterdir()} - {
+        "manifest.json"
+    }
+
+    # One flipped bit in the terminal checkpoint's weights: export refuses, naming the file; nothing is written.
+    weights = checkpoints / "global_step_3" / "policy" / "model.safetensors"
+    payload = bytearray(weights.read_bytes())
+    payload[len(payload) // 2] ^= 0x04
+    weights.write_bytes(bytes(payload))
+    corrupt = trainer(
+        "export",
+        "--launch",
+        str(launch),
+        "--terminal",
+        doc["artifacts"]["terminal_manifest_uri"],
+        "--out",
+        str(tmp_path / "bad"),
+    )
+    assert corrupt.returncode == 2, corrupt.stderr[-3000:]
+    assert "ManifestMismatchError" in corrupt.stderr and "model.safetensors: sha256" in corrupt.stderr
+    assert "Traceback" not in corrupt.stderr and not (tmp_path / "bad").exists()
 
     results = tmp_path / "eval" / "results.json"
     data = doc["inputs"]["validation_data"][0]["uri"]

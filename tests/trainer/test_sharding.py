@@ -12,7 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlbuild import storage
 from rlbuild.launch import LaunchDocument, load_launch
+from rlbuild.manifest import MANIFEST, ManifestMismatchError, read_manifest
 from tests.launches import placeable, write_test_launch
 from trainer import grpo, tasks
 from trainer.batch import UpdateBatch, update_batch
@@ -55,7 +57,7 @@ def _batch(launch: LaunchDocument) -> UpdateBatch:
 
 
 def _weights(roles: Roles, uri: Path) -> dict[str, torch.Tensor]:
-    roles.save_checkpoint(str(uri), with_hf_folder=True)
+    storage.write_json(str(uri / MANIFEST), {"files": roles.save_checkpoint(str(uri), with_hf_folder=True)})
     return load_file(uri / "policy" / "model.safetensors")
 
 
@@ -64,7 +66,7 @@ def _load_into(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Step `roles[ranks]` once, load `checkpoint` into it, step both: (1-rank weights, 2-rank weights)."""
     roles[ranks].update(batch, 1, MICRO)
-    roles[ranks].load_checkpoint(str(checkpoint))
+    roles[ranks].load_checkpoint(str(checkpoint), read_manifest(str(checkpoint))["files"])
     for r in roles.values():
         r.update(batch, 1, MICRO)
     return _weights(roles[1], out / "one"), _weights(roles[2], out / "two")
@@ -109,6 +111,15 @@ def test_two_sharded_ranks_step_like_one_rank_and_checkpoints_load_across_world_
         last = _load_into(roles, 1, tmp_path / "after" / "two", batch, tmp_path / "last")
         assert _max_difference(after[1], last[1]) > 1e-4
         assert _max_difference(*last) < 1e-5
+
+        # One flipped bit in a shard: the resume refuses, naming the file, before any rank loads.
+        shard = tmp_path / "last" / "two" / "sharded" / "__1_0.distcp"
+        payload = bytearray(shard.read_bytes())
+        payload[len(payload) // 2] ^= 0x01
+        shard.write_bytes(bytes(payload))
+        checkpoint = tmp_path / "last" / "two"
+        with pytest.raises(ManifestMismatchError, match=r"sharded/__1_0\.distcp: sha256"):
+            roles[2].load_checkpoint(str(checkpoint), read_manifest(str(checkpoint))["files"])
     finally:
         for r in roles.values():
             r.shutdown()
