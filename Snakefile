@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rlbuild.artifacts import BY_KIND as ARTIFACT
 from rlbuild.errors import RlbuildError
+from rlbuild.interrupts import forward_to_jobs
 from rlbuild.jobenv import ALLOW_RETRAIN
 from rlbuild.workflow import Graph, experiment_file, fail, report_where_typed, workflow_config
 
@@ -61,6 +62,7 @@ onstart:
     GRAPH.guard_retraining(workflow.dag.needrun_jobs())
     GRAPH.take_leases(workflow.dag.needrun_jobs())
     GRAPH.restrict_job_environment(workflow)
+    forward_to_jobs()  # Ctrl-C stops running jobs cleanly (a training at its next step) instead of waiting them out
 
 
 onsuccess:

@@ -8,7 +8,6 @@ killed survives up to its last flush.
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from rlbuild import storage
+from rlbuild.interrupts import Forwarder, start_child
 from rlbuild.redact import redact_text
 from rlbuild.streams import StreamWriter
 
@@ -37,26 +37,25 @@ def log_uri(attempts_root: str, attempt: str) -> str:
 def run_logged(command: list[str], attempts_root: str, env: Mapping[str, str] | None = None) -> int:
     """Run `command` (in `env`), copying its output to stderr and to this attempt's log stream; returns its code.
 
-    SIGTERM and SIGINT are passed on to the command, so it can stop cleanly while its output is still recorded.
+    SIGTERM and SIGINT are passed on to the command once (rlbuild/interrupts.py), so it can stop cleanly while
+    its output is still recorded; the command dies with this process.
     """
     attempt = attempt_id()
     uri = log_uri(attempts_root, attempt)
     print(f"[rlbuild] attempt {attempt}: log {uri}", file=sys.stderr, flush=True)
+    echo = True
     with StreamWriter(uri, flush_s=LOG_FLUSH_S) as log:
         log.write(f"[rlbuild] attempt {attempt} on {socket.gethostname()}: {' '.join(command)}\n")
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
-        )
-        previous = {s: signal.signal(s, lambda n, _: process.send_signal(n)) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        process = start_child(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
+        with Forwarder(process):
             assert process.stdout is not None
             for line in process.stdout:
-                sys.stderr.write(line)
                 log.write(redact_text(line))
+                if echo:
+                    try:
+                        sys.stderr.write(line)
+                    except OSError:  # whoever read our stderr is gone (an interrupted `| tee`): keep the stored log
+                        echo = False
             code = process.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         log.write(f"[rlbuild] attempt {attempt} exited with code {code}\n")
-    sys.stderr.flush()
     return code

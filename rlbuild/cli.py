@@ -8,11 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from rlbuild import storage
+from rlbuild import interrupts, storage
 from rlbuild.errors import PreflightError, RlbuildError
 from rlbuild.identity import derived_record
 from rlbuild.jobenv import ALLOW_RETRAIN
@@ -42,7 +41,7 @@ def _write_record(path: Path, record: dict) -> None:
 
 def _trainer(*argv: str) -> int:
     """rlbuild reaches the trainer only through its command line."""
-    return subprocess.run([sys.executable, "-m", "trainer", *argv], check=False).returncode
+    return interrupts.run_child([sys.executable, "-m", "trainer", *argv])
 
 
 def _derived(launch_record: str, kind: str) -> dict:
@@ -180,6 +179,9 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-root", default=DEFAULT_STORAGE_ROOT, help="local folder or s3://bucket/prefix")
 
 
+PEOPLE_COMMANDS = {cmd_check}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlbuild", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -249,8 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/interrupts.py)
+        interrupts.raise_on_signals()
+        interrupts.stop_when_snakemake_dies()
     try:
         return args.func(args)
+    except interrupts.Interrupted as exc:
+        print(
+            f"rlbuild: {exc}; its partial output is not a finished artifact (no record), a rerun builds it",
+            file=sys.stderr,
+        )
+        return interrupts.INTERRUPTED_EXIT_CODE
     except PreflightError as exc:
         print(redact_text(str(exc)), file=sys.stderr)
         return EXIT_INVALID

@@ -122,5 +122,8 @@ class MetricsStream:
     def finish(self, metrics_uri: str) -> None:
         """Flush, then write the whole run once to `metrics_uri` (the train artifact's metrics.jsonl)."""
         self.flush()
-        lines = "".join(json.dumps(r) + "\n" for r in self.records())
-        storage.write_text(metrics_uri, lines)
+        write_run_metrics(metrics_uri, self.records())
+
+
+def write_run_metrics(metrics_uri: str, records: list[Record]) -> None:
+    storage.write_text(metrics_uri, "".join(json.dumps(r) + "\n" for r in records))

@@ -21,7 +21,7 @@ def _run(args: argparse.Namespace) -> int:
         manifest = loop.run(load_launch(str(args.launch)), args.terminal, args.allow_retrain)
     except continuation.ToBeContinued as stopped:
         print(f"[trainer] {stopped}", flush=True)
-        return continuation.CONTINUE_EXIT_CODE
+        return stopped.exit_code
     print(json.dumps(manifest, indent=2))
     return 0
 

@@ -25,6 +25,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rlbuild import runtime, storage
 from rlbuild.launch import LaunchDocument
 from rlbuild.manifest import materialise
+from rlbuild.metricstream import read_run_metrics, write_run_metrics
 from trainer import continuation, data, evaluate, grpo
 from trainer import env as environments
 from trainer.batch import update_batch
@@ -62,7 +63,8 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
     if resume is not None and resume.step == max_steps:
         # The final checkpoint is complete but terminal.json is not (deleted outputs, or a crash in between).
         print(f"[trainer] {resume.uri} is the completed final step; writing its terminal manifest", flush=True)
-        records = MetricsWriter(artifacts.metrics_uri, max_steps, max_steps).records()
+        records = read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0]
+        write_run_metrics(artifacts.metrics_uri, records)  # the run may have ended before it was written
         return write_terminal(launch, checkpoints, records, terminal_uri)
     # A fresh verified copy per run: a dev version re-staged at the same URI must never meet a stale cache.
     with tempfile.TemporaryDirectory(prefix="rlbuild-inputs-") as cache:
@@ -70,6 +72,7 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
         address = launch.ray.address or os.environ.get("RAY_ADDRESS")
         backend = resolve_backend(launch.recipe.generator.backend)
         roles = start_roles(launch, address, cache, backend)
+        continuation.listen()  # again: ray.init replaces the SIGTERM handler with its own
         try:
             records = train(launch, roles, inputs, checkpoints, resume)
         finally:
@@ -125,7 +128,7 @@ def train(
         metrics.log(step, values, flush=checkpointed)
         if stop:
             metrics.close(None)  # the run goes on in the next link: no metrics.jsonl yet
-            raise continuation.ToBeContinued(step, checkpoints.step_uri(step), stop)
+            raise continuation.ToBeContinued(step, checkpoints.step_uri(step), *stop)
     metrics.close(launch.artifacts.metrics_uri)
     return metrics.records()
 
