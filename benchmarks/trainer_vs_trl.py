@@ -210,7 +210,7 @@ def fixed_batch(bench: Bench, launch: LaunchDocument) -> tuple[list[dict[str, st
 
 def ours_on_batch(launch: LaunchDocument, prompts: list[list[int]], rollouts: list[Any], rewards: torch.Tensor) -> Any:
     """Our loss and gradient of the first optimizer step: the policy worker's own loss code, accumulated by micro."""
-    from trainer import grpo, policy
+    from trainer import grpo, policy, sharding
     from trainer.batch import update_batch
 
     recipe = launch.recipe
@@ -221,7 +221,7 @@ def ours_on_batch(launch: LaunchDocument, prompts: list[list[int]], rollouts: li
     shard = update_batch(prompts, rollouts, rewards, advantages, recipe, pad_id=0).shards(1)[0]
     with tempfile.TemporaryDirectory() as cache:
         worker = policy.PolicyWorker(0, 1, recipe, launch.inputs.model.uri, cache, t.num_threads)
-        worker.setup("127.0.0.1", policy.free_port())
+        worker.setup("127.0.0.1", sharding.free_port())
         try:
             temperature = g.sampling_params.temperature
             rows = shard["input_ids"].shape[0]
@@ -391,7 +391,7 @@ def profile_ours(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, fl
     in this process on the fixed batch, under cProfile."""
     from transformers import AutoTokenizer
 
-    from trainer import env, grpo, policy
+    from trainer import env, grpo, policy, sharding
     from trainer.batch import update_batch
     from trainer.engines import SamplingParams, TorchEngine
     from trainer.rewards import rewards as score_rollouts
@@ -410,7 +410,7 @@ def profile_ours(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, fl
     shard = update_batch(prompts, rollouts, rewards, advantages, recipe, pad_id=0).shards(1)[0]
     with tempfile.TemporaryDirectory() as cache:
         worker = policy.PolicyWorker(0, 1, recipe, launch.inputs.model.uri, cache, bench.threads)
-        worker.setup("127.0.0.1", policy.free_port())
+        worker.setup("127.0.0.1", sharding.free_port())
         try:
             worker.train_step(shard, 1, t.micro_train_batch_size_per_gpu)  # warm-up
             train, train_s = _profiled(lambda: worker.train_step(shard, 1, t.micro_train_batch_size_per_gpu), steps)

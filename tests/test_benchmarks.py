@@ -23,3 +23,13 @@ def _bench(*argv: str, timeout: float = 600) -> str:
 def test_dry_run_benchmark_prints_its_ratios() -> None:
     out = _bench("benchmarks/dry_run.py", "--repeats", "1")
     assert "floor: snakemake -n, empty Snakefile" in out and "rlbuild dry run, 50 versions" in out
+
+
+@pytest.mark.slow
+def test_trainer_vs_trl_compares_the_same_objective_and_times_both_sides() -> None:
+    """Both rows (seq_mean_token_mean vs TRL grpo, token_mean vs TRL dapo) agree on a fixed batch (the benchmark
+    asserts it), then one row trains a few steps on each side and prints its s/step, accuracy and ratio."""
+    checked = _bench("benchmarks/trainer_vs_trl.py", "--check-only")
+    assert checked.count("agreement on a fixed batch") == 2
+    timed = _bench("benchmarks/trainer_vs_trl.py", "--steps", "3", "--rows", "grpo")
+    assert "speed-up" in timed and "s/step" in timed
