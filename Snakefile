@@ -59,7 +59,7 @@ localrules:
 
 
 onstart:
-    GRAPH.guard_retraining(workflow.dag.needrun_jobs())
+    GRAPH.guard_retraining(workflow.dag)
     GRAPH.take_leases(workflow.dag.needrun_jobs())
     GRAPH.restrict_job_environment(workflow)
     forward_to_jobs()  # Ctrl-C stops running jobs cleanly (a training at its next step) instead of waiting them out

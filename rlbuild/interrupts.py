@@ -33,7 +33,7 @@ import psutil
 from rlbuild.errors import RlbuildError
 
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports an interrupted command
-SNAKEMAKE_POLL_S = 2.0
+SNAKEMAKE_POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 Handler = Callable[[int, FrameType | None], Any] | int | None
 

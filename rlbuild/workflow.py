@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlbuild import slurm
+from rlbuild import checkpoints, slurm
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.jobenv import restrict_to_forwarded
@@ -278,14 +278,14 @@ class Graph:
             fail(retrain_refused(version, forced))
         return self.marker("train")(wildcards)
 
-    def guard_retraining(self, jobs: Any) -> None:
+    def guard_retraining(self, dag: Any) -> None:
         """`onstart:` the jobs Snakemake is about to run, whatever made it schedule them (-R, --forcerun, rerun
         triggers, upstream reruns): a completed fixed version's training is refused before anything is deleted."""
-        for job in jobs:
+        for job in dag.needrun_jobs():
             if job.rule.name == artifact("train").rule:
-                version = job.wildcards_dict["version"]
-                if self._retrain_refused(self.plan(version)):
-                    fail(retrain_refused(version, "a rerun this invocation scheduled"))
+                plan = self.plan(job.wildcards_dict["version"])
+                if self._retrain_refused(plan) and not _only_reemits(dag, job, plan):
+                    fail(retrain_refused(plan.version, "a rerun this invocation scheduled"))
 
     def leases_now(self) -> dict[str, dict[str, Any]]:
         """The leases held under this experiment when the graph was built (listed once)."""
@@ -384,3 +384,12 @@ def retrain_refused(version: str, cause: str) -> RetrainRefusedError:
         f"retrain it; nothing was deleted or run. To retrain it anyway add --config allow_retrain=true; to train "
         f"other settings use a new version (e.g. {version}.1 or a new date)."
     )
+
+
+def _only_reemits(dag: Any, job: Any, plan: Plan) -> bool:
+    """A training Snakemake saw interrupted (its Snakemake was killed) may still have finished its artifact; the
+    rerun `--rerun-incomplete` asks for then deletes it, and the train job writes terminal.json again from the
+    final checkpoint without training (trainer/loop.py). Only that case passes the guard."""
+    marked = dag.workflow.async_run(dag.workflow.persistence.incomplete(job))  # Snakemake's own incomplete marks
+    final = plan.recipe.trainer.max_steps
+    return bool(marked) and checkpoints.latest_step(plan.launch.artifacts.checkpoint_root) == final

@@ -6,6 +6,7 @@ Snakemake's own job table, which jobs ran.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -213,6 +214,20 @@ def test_delete_all_output_then_rebuild_writes_the_terminal_manifest_without_ret
     assert "is the completed final step; writing its terminal manifest" in log
     assert "[trainer] step" not in log  # not one step trained again
     assert json.loads(terminal.read_text())["global_step"] == 4
+
+
+def test_a_training_snakemake_saw_interrupted_is_rewritten_from_its_final_checkpoint(pipeline: Pipeline) -> None:
+    """Snakemake killed while its training finished anyway: the job's outputs carry Snakemake's incomplete mark,
+    and `--rerun-incomplete` must write the terminal manifest again from the final checkpoint, not be refused as
+    a retrain of a completed version (nor retrain it)."""
+    terminal = f"train/v{VERSION}/terminal.json"
+    incomplete = pipeline.root / ".snakemake" / "incomplete"
+    incomplete.mkdir(parents=True, exist_ok=True)
+    (incomplete / base64.b64encode(terminal.encode()).decode()).write_text("")  # what a killed Snakemake leaves
+    rerun = pipeline.run("--rerun-incomplete", targets=(terminal,))
+    assert ran(rerun) == {"train": 1}
+    log = (pipeline.root / "logs" / "train" / f"v{VERSION}.log").read_text()
+    assert "is the completed final step; writing its terminal manifest" in log and "[trainer] step" not in log
 
 
 @pytest.mark.slow
