@@ -11,6 +11,7 @@ from rlbuild import runtime
 from rlbuild.artifacts import METRICS_NAME, TemporaryPaths, artifact
 from rlbuild.errors import PreflightError
 from rlbuild.identity import derived_record, make_record
+from rlbuild.jobenv import numeric_env
 from rlbuild.launch import (
     SCHEMA_VERSION,
     Allocation,
@@ -117,6 +118,9 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
         "recipe": recipe.model_dump(mode="json"),
         "deps": launch_deps,
     }
+    numeric = numeric_env(experiment.execution.env)
+    if numeric:  # only these job variables change what training computes; the rest are placement
+        launch_fields["env"] = numeric
     records["launch"] = make_record(
         experiment=name, kind="launch", version=version, fields=launch_fields, deps=launch_deps
     )
@@ -185,6 +189,7 @@ def build_launch(
             ],
         ),
         recipe=recipe,
+        env=dict(sorted(experiment.execution.env.items())),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION
+from rlbuild.jobenv import numeric_env
 from rlbuild.layout import pack
 from rlbuild.plan import Plan
 from rlbuild.redact import redact
@@ -48,6 +49,10 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
                 "max_retries": launch.iris.max_retries,
             },
             "slurm": slurm_dict(plan, measured_step_time),
+            "env": {
+                "placement": {k: v for k, v in launch.env.items() if k not in numeric_env(launch.env)},
+                "numerics": numeric_env(launch.env),
+            },
             "geometry": {
                 "colocate_all": rp.colocate_all,
                 "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
@@ -96,6 +101,13 @@ def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
     ]
 
 
+def format_env(env: dict[str, dict[str, str]]) -> list[str]:
+    """`execution.env` as the jobs will see it, split by whether it enters the launch identity."""
+    placement = " ".join(f"{k}={v}" for k, v in env["placement"].items())
+    numerics = " ".join(f"{k}={v}" for k, v in env["numerics"].items())
+    return [f"  job env        {placement or '-'} (placement); {numerics or '-'} (numerics: in the launch identity)"]
+
+
 def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> str:
     d = plan_dict(plan, terminal_stage, measured_step_time)
     geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
@@ -113,6 +125,7 @@ def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: 
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
         f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
         *format_slurm(d["slurm"], bat["max_steps"]),
+        *format_env(d["env"]),
         f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
         f"  layout         {geo['layout']}",
         f"  batches        {bat['train_batch_size']} prompts x {bat['n_samples_per_prompt']} samples = "

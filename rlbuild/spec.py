@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlbuild.errors import PreflightError, Violation
+from rlbuild.jobenv import job_env_problems
 from rlbuild.validation import violations
 from rlbuild.yamlfile import load_yaml
 
@@ -199,9 +200,34 @@ class SlurmExecution(_Strict):
         return time_limit_seconds(self.time_limit)
 
 
+MAX_ENV_VARIABLES = 256
+MAX_ENV_VALUE = 4096
+
+
 class Execution(_Strict):
     iris: IrisExecution | None = None
     slurm: SlurmExecution | None = None
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARIABLES,
+        description="plain (non-secret) environment variables for every task of the experiment's jobs",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        """Names that may be set (rlbuild/jobenv.py); YAML integers (`NCCL_P2P_DISABLE: 1`) become their text."""
+        if not isinstance(value, dict):
+            return value
+        problems = job_env_problems(value)
+        for name, item in value.items():
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                problems.append(f'{name}: {item!r} is not text; quote it (e.g. {name}: "1")')
+            elif len(str(item)) > MAX_ENV_VALUE or "\0" in str(item):
+                problems.append(f"{name}: the value is not an environment value (NUL, or over {MAX_ENV_VALUE} chars)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return {name: str(item) for name, item in value.items()}
 
 
 class Experiment(_Strict):

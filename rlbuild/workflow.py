@@ -327,13 +327,22 @@ class Graph:
             inputs["base_model"] = artifact("base_model").path(wildcards.version)
         return inputs
 
+    def hand_env_to_jobs(self, workflow: Any) -> None:
+        """`execution.env` reaches every job's tasks: set here, local jobs inherit it; declared to Snakemake, the
+        Iris executor hands it to Iris with the rest of the declared environment; Slurm's `--export=ALL` carries
+        it (`restrict_job_environment` keeps it). Jobs re-read the Snakefile and set the same values."""
+        env = self.experiment.execution.env
+        os.environ.update(env)
+        if env:
+            workflow.register_envvars(*env)
+
     def restrict_job_environment(self, workflow: Any) -> None:
         """Before the first submission (the Snakefile's `onstart`): under Slurm, whose plugin submits with
         `sbatch --export=ALL`, cut this process's environment to what jobs may receive."""
         plugin = getattr(workflow, "executor_plugin", None)
         if plugin is None or plugin.name != "slurm":
             return
-        removed = restrict_to_forwarded(os.environ)
+        removed = restrict_to_forwarded(os.environ, self.experiment.execution.env)
         if removed:
             print(f"rlbuild: not passed to Slurm jobs: {', '.join(removed)}", file=sys.stderr)
 

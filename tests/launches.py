@@ -72,6 +72,7 @@ def experiment_document(
     role_plan: dict[str, Any] | None = None,
     topology: dict[str, Any] | None = None,
     retention: dict[str, Any] | None = None,
+    execution: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An experiment document: the tiny default's shape, local sources under `sources`, the test batch sizes.
 
@@ -89,6 +90,7 @@ def experiment_document(
     doc["role_plan"] = {**doc["role_plan"], **TEST_ROLE_PLAN, **(role_plan or {})}
     doc["topology"] = {**doc["topology"], **(topology or {})}
     doc["retention"] = {**doc["retention"], **(retention or {})}
+    doc["execution"] = {**doc["execution"], **(execution or {})}
     doc["recipe"] = deep_merge(TEST_RECIPE, recipe or {})
     return doc
 

@@ -46,6 +46,8 @@ def experiment_file(folder: Path, name: str, slurm: dict, trainer: dict, **chang
     doc["name"] = name
     doc["recipe"]["trainer"].update({"eval_interval": -1, "eval_before_train": False, **trainer})
     doc["execution"]["slurm"] = {"account": "rlbuild", "max_links": 6, **slurm}
+    # Every node checks that its srun task got the experiment's env (rlbuild/gang.py check_runtime).
+    doc["execution"]["env"] = {"NCCL_P2P_DISABLE": "1"}
     doc |= changes
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
