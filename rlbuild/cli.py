@@ -131,6 +131,13 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 
 def cmd_resolve_launch(args: argparse.Namespace) -> int:
     plan = _plan(args)
+    if args.model and args.data:  # the staged inputs: checked before anything is written
+        from rlbuild.modelcheck import check_staged_inputs
+
+        train = sorted((Path(args.data) / "train").glob("*.jsonl"))
+        problems = check_staged_inputs(Path(args.model), train, plan.recipe)
+        if problems:
+            raise PreflightError(f"{args.experiment} (staged model {args.model}, data {args.data})", problems)
     storage.write_text(args.out, redact_text(dump_launch(plan.launch)))
     storage.write_text(args.plan, format_plan(plan) + "\n")
     _write_record(Path(args.record), plan.records["launch"])
@@ -213,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--out", required=True)
     launch.add_argument("--record", required=True)
     launch.add_argument("--plan", required=True, help="where to write the human-readable plan (for the report)")
+    launch.add_argument("--model", help="the staged model folder: its tokenizer is checked against the data")
+    launch.add_argument("--data", help="the staged data folder: its train prompts must fit max_prompt_length")
     launch.set_defaults(func=cmd_resolve_launch)
 
     train = sub.add_parser("train", help="run the trainer, then write the train identity record")

@@ -1,6 +1,7 @@
 """Every deterministic check of an experiment, collected at once, and the recipe composed from it.
 
-Pure and fast: no network, no torch, no ray. It runs while Snakemake builds the DAG (so a dry run fails before
+Fast: no torch, no ray, no network but one short read of a Hub model's config.json that the HF cache lacks
+(rlbuild/modelcheck.py). It runs while Snakemake builds the DAG (so a dry run fails before
 any job starts) and behind `rlbuild check`.
 """
 
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 from rlbuild.errors import Violation
 from rlbuild.identity import flatten
 from rlbuild.jobenv import is_secret_name
+from rlbuild.modelcheck import check_model, source_model_config
 from rlbuild.recipe import Recipe, recipe_problems
 from rlbuild.roleplan import check_role_plan
 from rlbuild.slurm import check_chain
@@ -138,23 +140,6 @@ def check_credentials(recipe: Recipe) -> list[Violation]:
     ]
 
 
-def check_model_shape(model_config: dict[str, Any], experiment: Experiment) -> list[Violation]:
-    """Engine geometry against the model's own config (its config.json), once the model is known."""
-    tp = experiment.role_plan.inference_engine_tensor_parallel_size
-    out: list[Violation] = []
-    for key in ("num_attention_heads", "num_key_value_heads"):
-        heads = model_config.get(key)
-        if isinstance(heads, int) and heads % tp and not (key == "num_key_value_heads" and tp % heads == 0):
-            out.append(
-                Violation(
-                    "role_plan.inference_engine_tensor_parallel_size",
-                    f"TP={tp} does not divide the model's {key}={heads}, so vLLM cannot shard it",
-                    f"choose TP among the divisors of {heads}",
-                )
-            )
-    return out
-
-
 def check_plain_values(experiment: Experiment) -> list[Violation]:
     """No value interpolates (`${...}`) and none carries a secret: an experiment's values are recorded in the launch
     document and in identity records, and fingerprinted, so a secret in one would be stored and compared."""
@@ -195,5 +180,8 @@ def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violat
         t, placement = recipe.trainer, experiment.execution.slurm
         step_time = placement.step_time_s if placement else None
         violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)
+    model_config = source_model_config(experiment).values
+    if model_config is not None:
+        violations_found += check_model(model_config, experiment, recipe)
     violations_found += check_sources(experiment)
     return recipe, violations_found
