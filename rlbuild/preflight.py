@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rlbuild.environments import check_environments
 from rlbuild.errors import Violation
 from rlbuild.identity import flatten
 from rlbuild.jobenv import is_secret_name
@@ -184,4 +185,5 @@ def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violat
     if model_config is not None:
         violations_found += check_model(model_config, experiment, recipe)
     violations_found += check_sources(experiment)
+    violations_found += check_environments(experiment, recipe.environment.env_class if recipe else None)
     return recipe, violations_found
