@@ -22,6 +22,7 @@ try:
         announce=workflow.is_main_process,
         allow_retrain=CONFIG.allow_retrain,
         on_cluster=workflow.resource_settings.nodes is not None,
+        node_limits=CONFIG.node_limits,
     )
     GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)
 except RlbuildError as error:

@@ -20,7 +20,7 @@ from rlbuild.launch import dump_launch
 from rlbuild.plan import Plan, resolve_file
 from rlbuild.planview import format_plan, plan_dict
 from rlbuild.redact import redact_text
-from rlbuild.spec import load_experiment
+from rlbuild.spec import check_node_sizes, load_experiment
 from rlbuild.yamlfile import load_yaml
 
 EXIT_INVALID = 2
@@ -66,7 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
         experiment = load_experiment(path)
-        errors += partition_problems(experiment)
+        errors += partition_problems(experiment) + check_node_sizes(experiment, config.node_limits)
     except RlbuildError as exc:
         experiment, errors = None, exc.as_violations()
     for version in [args.version] if args.version is not None else config.versions:

@@ -7,6 +7,7 @@ Structural problems (types, unknown keys, missing fields) are collected all at o
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -200,6 +201,23 @@ class SlurmExecution(_Strict):
         return time_limit_seconds(self.time_limit)
 
 
+class JobSize(_Strict):
+    """What one export or eval job asks its scheduler for (Snakemake's own default is 1 CPU and 1000 MB).
+    Placement: never part of an artifact's identity."""
+
+    cpu: int = Field(2, ge=1, le=1024)
+    memory: str = "4GB"
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        return node_size(value)
+
+    @property
+    def mem_mb(self) -> int:
+        return max(1, size_bytes(self.memory) // 10**6)
+
+
 MAX_ENV_VARIABLES = 256
 MAX_ENV_VALUE = 4096
 
@@ -207,6 +225,8 @@ MAX_ENV_VALUE = 4096
 class Execution(_Strict):
     iris: IrisExecution | None = None
     slurm: SlurmExecution | None = None
+    export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
+    eval: JobSize = Field(default_factory=JobSize, description="the eval job's CPUs and memory")
     env: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_ENV_VARIABLES,
@@ -253,6 +273,48 @@ class Experiment(_Strict):
                 "(it names the experiment's folder in storage)"
             )
         return value
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """The largest node a cluster offers, where a profile declares it (None: not declared, not checked)."""
+
+    cpu: float | None
+    memory: str | None
+    disk: str | None
+
+
+def check_node_sizes(experiment: Experiment, limits: NodeLimits) -> list[Violation]:
+    """Every per-node size the experiment asks for fits the largest node the profile declares."""
+    execution = experiment.execution
+    asked: list[tuple[str, str, float | str | None]] = [
+        ("execution.export.cpu", "cpu", execution.export.cpu),
+        ("execution.export.memory", "memory", execution.export.memory),
+        ("execution.eval.cpu", "cpu", execution.eval.cpu),
+        ("execution.eval.memory", "memory", execution.eval.memory),
+    ]
+    if execution.iris is not None:
+        asked += [("execution.iris.cpu", "cpu", execution.iris.cpu)]
+        asked += [("execution.iris.memory", "memory", execution.iris.memory)]
+        asked += [("execution.iris.disk", "disk", execution.iris.disk)]
+    if execution.slurm is not None:
+        asked += [("execution.slurm.cpus_per_node", "cpu", execution.slurm.cpus_per_node)]
+        asked += [("execution.slurm.memory_per_node", "memory", execution.slurm.memory_per_node)]
+    out: list[Violation] = []
+    for field, kind, value in asked:
+        limit = getattr(limits, kind)
+        if value is None or limit is None:
+            continue
+        too_big = value > limit if kind == "cpu" else size_bytes(str(value)) > size_bytes(str(limit))
+        if too_big:
+            out.append(
+                Violation(
+                    field,
+                    f"asks for {value} but the largest node the profile declares has {kind} {limit}",
+                    f"ask for at most {limit} (config node_{kind}), or use a cluster with larger nodes",
+                )
+            )
+    return out
 
 
 def parse_experiment(raw: Any, source: str) -> Experiment:
