@@ -8,6 +8,7 @@ from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION
 from rlbuild.jobenv import numeric_env
 from rlbuild.layout import pack
 from rlbuild.plan import Plan
+from rlbuild.preflight import rollout_backend, vllm_version
 from rlbuild.redact import redact
 from rlbuild.roleplan import shape_of_plan
 from rlbuild.slurm import expected_links
@@ -42,6 +43,7 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
             "version": plan.version,
             "mutable": plan.version == MUTABLE_VERSION,
             "runtime": launch.runtime.model_dump(),
+            "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": vllm_version()},
             "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
             "placement": {
                 "cluster": launch.iris.cluster,
@@ -101,6 +103,12 @@ def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
     ]
 
 
+def format_rollout(rollout: dict[str, str | None]) -> str:
+    if rollout["backend"] == "vllm":
+        return f"vLLM {rollout['vllm']} (the nodes run this checkout's .venv)"
+    return "torch: Hugging Face generate with a KV cache"
+
+
 def format_env(env: dict[str, dict[str, str]]) -> list[str]:
     """`execution.env` as the jobs will see it, split by whether it enters the launch identity."""
     placement = " ".join(f"{k}={v}" for k, v in env["placement"].items())
@@ -121,6 +129,7 @@ def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: 
         f"rlbuild plan: {d['experiment']} @ {d['version']} ({mode})",
         f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
         f"source digest {d['runtime']['source_digest'][:16]}",
+        f"  rollout        {format_rollout(d['rollout'])}",
         f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
         f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",

@@ -7,7 +7,9 @@ any job starts) and behind `rlbuild check`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,13 +21,14 @@ from rlbuild.jobenv import is_secret_name
 from rlbuild.modelcheck import check_model, source_model_config
 from rlbuild.recipe import Recipe, recipe_problems
 from rlbuild.roleplan import check_role_plan
-from rlbuild.slurm import check_chain
+from rlbuild.slurm import CPU_VARIANT, check_chain
 from rlbuild.sources import SourceError, parse_source
 from rlbuild.spec import Experiment
 from rlbuild.validation import violations
 
 # Strategies this runtime can execute, and the package that would provide the others.
 INSTALLED_STRATEGIES = {"fsdp2"}
+INSTALL_VLLM = "scripts/setup.sh --extra gpu"
 STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
 
 
@@ -109,6 +112,45 @@ def check_strategy(recipe: Recipe) -> list[Violation]:
     ]
 
 
+def vllm_version() -> str | None:
+    """The vLLM this runtime has (the nodes run the submitter's checkout and venv), or None; never imported here."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return "unknown version"
+
+
+def on_gpus(experiment: Experiment) -> bool:
+    return experiment.topology.gpu_variant.lower() != CPU_VARIANT
+
+
+def rollout_backend(experiment: Experiment, recipe: Recipe) -> str:
+    """The engine the job's rollouts will use: `auto` is vLLM on GPUs, Hugging Face generate (torch) on CPU ranks."""
+    backend = recipe.generator.backend
+    return ("vllm" if on_gpus(experiment) else "torch") if backend == "auto" else backend
+
+
+def check_backend(experiment: Experiment, recipe: Recipe) -> list[Violation]:
+    """vLLM where the plan needs it must be in the runtime the job will use (the submitter's venv)."""
+    if rollout_backend(experiment, recipe) != "vllm" or vllm_version() is not None:
+        return []
+    why = (
+        "generator.backend 'auto' means vLLM on GPUs"
+        if recipe.generator.backend == "auto"
+        else "generator.backend is 'vllm'"
+    )
+    return [
+        Violation(
+            "recipe.generator.backend",
+            f"{why} (topology.gpu_variant {experiment.topology.gpu_variant}), and the runtime the job will use has "
+            "no vllm: the nodes run this checkout and its .venv",
+            f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes), or set generator.backend: torch",
+        )
+    ]
+
+
 def check_sources(experiment: Experiment) -> list[Violation]:
     entries = [
         ("model", experiment.model.source, experiment.model.revision),
@@ -177,7 +219,7 @@ def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violat
     recipe, recipe_violations = compose_recipe(experiment)
     violations_found += recipe_violations
     if recipe is not None:
-        violations_found += check_strategy(recipe) + check_credentials(recipe)
+        violations_found += check_strategy(recipe) + check_credentials(recipe) + check_backend(experiment, recipe)
         t, placement = recipe.trainer, experiment.execution.slurm
         step_time = placement.step_time_s if placement else None
         violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)

@@ -119,6 +119,7 @@ def test_a_two_node_gang_bootstraps_ray_and_trains(slurm: LocalSlurm, s3: S3, tm
     )
     doc = yaml.safe_load(experiment.read_text())
     doc["role_plan"].update({"policy_num_nodes": 2, "policy_num_gpus_per_node": 1, "num_inference_engines": 2})
+    doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
     experiment.write_text(yaml.safe_dump(doc, sort_keys=False))
     process, log = run_profile(slurm, s3, tmp_path, experiment, f"train/v{VERSION}/terminal.json")
     try:
