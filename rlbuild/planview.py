@@ -7,6 +7,7 @@ from typing import Any
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION
 from rlbuild.jobenv import numeric_env
 from rlbuild.layout import pack
+from rlbuild.modelcheck import source_model_config
 from rlbuild.plan import Plan
 from rlbuild.preflight import rollout_backend, vllm_version
 from rlbuild.redact import redact
@@ -44,6 +45,8 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
             "mutable": plan.version == MUTABLE_VERSION,
             "runtime": launch.runtime.model_dump(),
             "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": vllm_version()},
+            "model_config": model_config_dict(plan),
+            "jobs": {kind: getattr(e.execution, kind).model_dump() for kind in ("export", "eval")},
             "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
             "placement": {
                 "cluster": launch.iris.cluster,
@@ -103,6 +106,32 @@ def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
     ]
 
 
+MODEL_FIELDS = ("num_attention_heads", "num_key_value_heads", "max_position_embeddings", "vocab_size")
+
+
+def model_config_dict(plan: Plan) -> dict[str, Any]:
+    """What preflight knew of the model (read from its source), and the token budget checked against it."""
+    config = source_model_config(plan.experiment)
+    g = plan.recipe.generator
+    known = {k: config.values.get(k) for k in MODEL_FIELDS} if config.values is not None else None
+    return {
+        "origin": config.origin,
+        "fields": known,
+        "length_budget": g.max_prompt_length + g.sampling_params.max_generate_length,
+    }
+
+
+def format_model_config(model: dict[str, Any]) -> str:
+    if model["fields"] is None:
+        return f"config not known before staging ({model['origin']}); checked against the staged model"
+    f = model["fields"]
+    return (
+        f"{model['origin']}: {f['num_attention_heads']} heads, {f['num_key_value_heads']} KV heads, "
+        f"{f['max_position_embeddings']} positions (prompt + generation {model['length_budget']}), "
+        f"vocab {f['vocab_size']}"
+    )
+
+
 def format_rollout(rollout: dict[str, str | None]) -> str:
     if rollout["backend"] == "vllm":
         return f"vLLM {rollout['vllm']} (the nodes run this checkout's .venv)"
@@ -130,10 +159,13 @@ def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: 
         f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
         f"source digest {d['runtime']['source_digest'][:16]}",
         f"  rollout        {format_rollout(d['rollout'])}",
+        f"  model          {format_model_config(d['model_config'])}",
         f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
         f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
         *format_slurm(d["slurm"], bat["max_steps"]),
+        f"  export, eval   {d['jobs']['export']['cpu']} CPUs, {d['jobs']['export']['memory']}; "
+        f"{d['jobs']['eval']['cpu']} CPUs, {d['jobs']['eval']['memory']}",
         *format_env(d["env"]),
         f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
         f"  layout         {geo['layout']}",

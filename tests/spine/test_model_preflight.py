@@ -96,3 +96,14 @@ def test_too_few_staged_prompts_fitting_fail_at_resolve_launch(tmp_path: Path) -
     )
     assert violation.fix == "raise max_prompt_length to at least 13, or add shorter prompts"
     assert check_staged_inputs(base_model_dir(), [train], compose_recipe(parse_experiment(_tiny(), "t"))[0]) == []
+
+
+def test_the_plan_says_what_preflight_knew_of_the_model() -> None:
+    from rlbuild.plan import resolve
+    from rlbuild.planview import format_plan
+
+    plan = resolve(parse_experiment(_tiny(), "t"), "2026.09.21", "/tmp/r")
+    assert (
+        "  model          the tiny model (tiny_model.json): 4 heads, 2 KV heads, 64 positions (prompt + generation "
+        "36), vocab 80"
+    ) in format_plan(plan)
