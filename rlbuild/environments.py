@@ -9,9 +9,13 @@ its source for a module that no installed distribution owns); rlbuild's own are 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
 import hashlib
 import importlib.util
+import os
+import sys
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from pathlib import Path
@@ -34,16 +38,35 @@ class Installed:
     provider: str | None
 
 
+def _path_state() -> tuple[tuple[str, int], ...]:
+    """The Python path and when each entry last changed: installing or upgrading a package changes it."""
+    state = []
+    for entry in sys.path:
+        with contextlib.suppress(OSError):
+            state.append((entry, os.stat(entry or ".").st_mtime_ns))
+    return tuple(state)
+
+
+@functools.lru_cache(maxsize=4)
+def _declared(_state: tuple[tuple[str, int], ...]) -> dict[str, EntryPoint]:
+    """The group's entry points by name, first declaration wins (reading every distribution's metadata costs
+    ~25 ms, so once per state of the Python path)."""
+    declared: dict[str, EntryPoint] = {}
+    for entry in entry_points(group=GROUP):
+        declared.setdefault(entry.name, entry)
+    return declared
+
+
 def installed_names() -> list[str]:
-    return sorted({ep.name for ep in entry_points(group=GROUP)})
+    return sorted(_declared(_path_state()))
 
 
 def find_environment(name: str) -> Installed | None:
     """The environment `name` if it is installed (None otherwise)."""
     if ":" in name:
         return _find_module_class(name)
-    found = list(entry_points(group=GROUP, name=name))
-    return Installed(name, _entry_point_provider(found[0])) if found else None
+    found = _declared(_path_state()).get(name)
+    return Installed(name, _entry_point_provider(found)) if found else None
 
 
 def _entry_point_provider(entry: EntryPoint) -> str | None:
