@@ -96,7 +96,7 @@ def test_the_default_graph_chains_past_its_wall_clock_limit_to_export_and_eval(
     prefix = f"p/{name}"
     assert json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))["global_step"] == CHAIN_STEPS
     assert "accuracy" in s3.read(f"{prefix}/eval/v{VERSION}/results.json")
-    assert s3.read(f"{prefix}/export/v{VERSION}/identity.json")
+    assert s3.read(f"{prefix}/export/v{VERSION}.identity.json")  # beside the folder (artifacts.record)
     text = _text(slurm_log, job)
     links = _links(text)
     print(_timeline(links, s3, prefix))
