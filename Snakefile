@@ -23,6 +23,7 @@ try:
         announce=workflow.is_main_process,
         allow_retrain=CONFIG.allow_retrain,
         on_cluster=workflow.resource_settings.nodes is not None,
+        node_limits=CONFIG.node_limits,
     )
     GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)
 except RlbuildError as error:
@@ -32,6 +33,7 @@ if CONFIG.allow_retrain:
     # An environment variable, not a rule param: params are provenance the run's config should not change.
     os.environ[ALLOW_RETRAIN] = "1"
 report_where_typed(workflow)
+GRAPH.hand_env_to_jobs(workflow)
 # The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too. Rules take
 # these as `params` through functions: a path may hold braces, which Snakemake would read as wildcards, and every
 # value reaches the shell quoted (`:q`).

@@ -19,7 +19,7 @@ from rlbuild.launch import dump_launch
 from rlbuild.plan import Plan, resolve_file
 from rlbuild.planview import format_plan, plan_dict
 from rlbuild.redact import redact_text
-from rlbuild.spec import load_experiment
+from rlbuild.spec import check_node_sizes, load_experiment
 from rlbuild.yamlfile import load_yaml
 
 EXIT_INVALID = 2
@@ -65,7 +65,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
         experiment = load_experiment(path)
-        errors += partition_problems(experiment)
+        errors += partition_problems(experiment) + check_node_sizes(experiment, config.node_limits)
     except RlbuildError as exc:
         experiment, errors = None, exc.as_violations()
     for version in [args.version] if args.version is not None else config.versions:
@@ -130,6 +130,13 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 
 def cmd_resolve_launch(args: argparse.Namespace) -> int:
     plan = _plan(args)
+    if args.model and args.data:  # the staged inputs: checked before anything is written
+        from rlbuild.modelcheck import check_staged_inputs
+
+        train = sorted((Path(args.data) / "train").glob("*.jsonl"))
+        problems = check_staged_inputs(Path(args.model), train, plan.recipe)
+        if problems:
+            raise PreflightError(f"{args.experiment} (staged model {args.model}, data {args.data})", problems)
     storage.write_text(args.out, redact_text(dump_launch(plan.launch)))
     storage.write_text(args.plan, format_plan(plan) + "\n")
     _write_record(Path(args.record), plan.records["launch"])
@@ -215,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--out", required=True)
     launch.add_argument("--record", required=True)
     launch.add_argument("--plan", required=True, help="where to write the human-readable plan (for the report)")
+    launch.add_argument("--model", help="the staged model folder: its tokenizer is checked against the data")
+    launch.add_argument("--data", help="the staged data folder: its train prompts must fit max_prompt_length")
     launch.set_defaults(func=cmd_resolve_launch)
 
     train = sub.add_parser("train", help="run the trainer, then write the train identity record")

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,20 +203,30 @@ class RuntimeMismatchError(RlbuildError):
     """This node's code is not the code the launch document was planned for."""
 
 
-def check_runtime(launch: str | None) -> None:
-    """Before Ray starts: the node's runtime source digest must be the one the launch document names."""
+def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
+    """Before Ray starts: the node runs the runtime source digest the launch document names, and its tasks got the
+    experiment's `execution.env` (the scheduler's environment hand-off took effect)."""
     if not launch:
         return
     from rlbuild.launch import load_launch
     from rlbuild.runtime import source_digest
 
-    planned, running = load_launch(launch).runtime.source_digest, source_digest()
+    document = load_launch(launch)
+    planned, running = document.runtime.source_digest, source_digest()
     if running != planned:
         raise RuntimeMismatchError(
             f"this node runs runtime source digest {running}, but {launch} was planned for {planned}: the job would "
             "train other code than the plan names (another checkout or image, or trainer/, the bootstrap or uv.lock "
             "edited since the plan). Run the job from the checkout the plan was made from, or re-plan it from this "
             "code (resolve_launch; a fixed version needs a new version)."
+        )
+    wrong = {name: environ.get(name) for name, value in document.env.items() if environ.get(name) != value}
+    if wrong:
+        found = ", ".join(f"{n}={v!r}" if v is not None else f"{n} unset" for n, v in wrong.items())
+        raise RuntimeMismatchError(
+            f"this node's environment lacks the experiment's execution.env ({found}; {launch} asks for "
+            f"{', '.join(f'{n}={document.env[n]!r}' for n in wrong)}): the scheduler did not hand it to the task. Run "
+            "the job through the Snakefile (which declares these variables to the executor), not a hand-made command."
         )
 
 
@@ -351,7 +361,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        check_runtime(args.launch)
+        check_runtime(args.launch, os.environ)
         task = TaskIdentity.from_environment(os.environ)
         root = args.rendezvous_root or launch_rendezvous_dir(args.launch)
         rdv = Rendezvous(root, task.job, args.gang_id, task.attempt, poll_s=args.poll)

@@ -2,7 +2,8 @@
 
 Sections name what they configure: `run` and `runtime` say what this is and which code runs it, `iris` the
 allocation, `ingress` how the driver reaches the rollout engines, `ray` the cluster bootstrap, `artifacts` where
-outputs go, `inputs` the immutable staged model and data, `recipe` the trainer's settings. All URIs are
+outputs go, `inputs` the immutable staged model and data, `recipe` the trainer's settings, `env` the
+experiment's execution.env (every node checks its tasks got it). All URIs are
 absolute: a local absolute path or `s3://bucket/key`. The builder (`rlbuild.plan`) is its only writer; the
 trainer parses it once with `load_launch` and reads attributes. Secrets never appear in it.
 """
@@ -101,6 +102,10 @@ class LaunchDocument(_Section):
     artifacts: Artifacts
     inputs: Inputs
     recipe: Recipe
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="the experiment's execution.env: plain variables every task of the job gets; nodes check them",
+    )
 
 
 def dump_launch(document: LaunchDocument) -> str:

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbuild import runtime
+from rlbuild import environments, runtime
 from rlbuild.artifacts import METRICS_NAME, TemporaryPaths, artifact
 from rlbuild.errors import PreflightError
 from rlbuild.identity import derived_record, make_record
+from rlbuild.jobenv import numeric_env
 from rlbuild.launch import (
     SCHEMA_VERSION,
     Allocation,
@@ -99,11 +100,17 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
         for split in ("train", "validation")
         for i, d in enumerate(getattr(experiment.data, split))
     }
+    # Environments from other packages than rlbuild carry their own version into what they generate and score.
+    task_providers = environments.providers(list(environments.task_sources(experiment).values()))
     records["stage_data"] = make_record(
         experiment=name,
         kind="stage_data",
         version=version,
-        fields={"data": experiment.data.model_dump(), **local_contents(data)},
+        fields={
+            "data": experiment.data.model_dump(),
+            **local_contents(data),
+            **({"environments": task_providers} if task_providers else {}),
+        },
     )
     launch_deps = {k: records[k]["identity"] for k in ("stage_model", "stage_data")}
     launch_fields = {
@@ -117,6 +124,12 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
         "recipe": recipe.model_dump(mode="json"),
         "deps": launch_deps,
     }
+    env_provider = environments.providers([recipe.environment.env_class])
+    if env_provider:
+        launch_fields["environments"] = env_provider
+    numeric = numeric_env(experiment.execution.env)
+    if numeric:  # only these job variables change what training computes; the rest are placement
+        launch_fields["env"] = numeric
     records["launch"] = make_record(
         experiment=name, kind="launch", version=version, fields=launch_fields, deps=launch_deps
     )
@@ -185,6 +198,7 @@ def build_launch(
             ],
         ),
         recipe=recipe,
+        env=dict(sorted(experiment.execution.env.items())),
     )
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION
+from rlbuild.jobenv import numeric_env
 from rlbuild.layout import pack
+from rlbuild.modelcheck import source_model_config
 from rlbuild.plan import Plan
+from rlbuild.preflight import rollout_backend, vllm_version
 from rlbuild.redact import redact
 from rlbuild.roleplan import shape_of_plan
 from rlbuild.slurm import expected_links
@@ -41,6 +44,9 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
             "version": plan.version,
             "mutable": plan.version == MUTABLE_VERSION,
             "runtime": launch.runtime.model_dump(),
+            "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": vllm_version()},
+            "model_config": model_config_dict(plan),
+            "jobs": {kind: getattr(e.execution, kind).model_dump() for kind in ("export", "eval")},
             "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
             "placement": {
                 "cluster": launch.iris.cluster,
@@ -48,6 +54,10 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
                 "max_retries": launch.iris.max_retries,
             },
             "slurm": slurm_dict(plan, measured_step_time),
+            "env": {
+                "placement": {k: v for k, v in launch.env.items() if k not in numeric_env(launch.env)},
+                "numerics": numeric_env(launch.env),
+            },
             "geometry": {
                 "colocate_all": rp.colocate_all,
                 "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
@@ -96,6 +106,45 @@ def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
     ]
 
 
+MODEL_FIELDS = ("num_attention_heads", "num_key_value_heads", "max_position_embeddings", "vocab_size")
+
+
+def model_config_dict(plan: Plan) -> dict[str, Any]:
+    """What preflight knew of the model (read from its source), and the token budget checked against it."""
+    config = source_model_config(plan.experiment)
+    g = plan.recipe.generator
+    known = {k: config.values.get(k) for k in MODEL_FIELDS} if config.values is not None else None
+    return {
+        "origin": config.origin,
+        "fields": known,
+        "length_budget": g.max_prompt_length + g.sampling_params.max_generate_length,
+    }
+
+
+def format_model_config(model: dict[str, Any]) -> str:
+    if model["fields"] is None:
+        return f"config not known before staging ({model['origin']}); checked against the staged model"
+    f = model["fields"]
+    return (
+        f"{model['origin']}: {f['num_attention_heads']} heads, {f['num_key_value_heads']} KV heads, "
+        f"{f['max_position_embeddings']} positions (prompt + generation {model['length_budget']}), "
+        f"vocab {f['vocab_size']}"
+    )
+
+
+def format_rollout(rollout: dict[str, str | None]) -> str:
+    if rollout["backend"] == "vllm":
+        return f"vLLM {rollout['vllm']} (the nodes run this checkout's .venv)"
+    return "torch: Hugging Face generate with a KV cache"
+
+
+def format_env(env: dict[str, dict[str, str]]) -> list[str]:
+    """`execution.env` as the jobs will see it, split by whether it enters the launch identity."""
+    placement = " ".join(f"{k}={v}" for k, v in env["placement"].items())
+    numerics = " ".join(f"{k}={v}" for k, v in env["numerics"].items())
+    return [f"  job env        {placement or '-'} (placement); {numerics or '-'} (numerics: in the launch identity)"]
+
+
 def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> str:
     d = plan_dict(plan, terminal_stage, measured_step_time)
     geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
@@ -109,10 +158,15 @@ def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: 
         f"rlbuild plan: {d['experiment']} @ {d['version']} ({mode})",
         f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
         f"source digest {d['runtime']['source_digest'][:16]}",
+        f"  rollout        {format_rollout(d['rollout'])}",
+        f"  model          {format_model_config(d['model_config'])}",
         f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
         f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
         *format_slurm(d["slurm"], bat["max_steps"]),
+        f"  export, eval   {d['jobs']['export']['cpu']} CPUs, {d['jobs']['export']['memory']}; "
+        f"{d['jobs']['eval']['cpu']} CPUs, {d['jobs']['eval']['memory']}",
+        *format_env(d["env"]),
         f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
         f"  layout         {geo['layout']}",
         f"  batches        {bat['train_batch_size']} prompts x {bat['n_samples_per_prompt']} samples = "

@@ -1,28 +1,34 @@
 """Every deterministic check of an experiment, collected at once, and the recipe composed from it.
 
-Pure and fast: no network, no torch, no ray. It runs while Snakemake builds the DAG (so a dry run fails before
+Fast: no torch, no ray, no network but one short read of a Hub model's config.json that the HF cache lacks
+(rlbuild/modelcheck.py). It runs while Snakemake builds the DAG (so a dry run fails before
 any job starts) and behind `rlbuild check`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from pydantic import ValidationError
 
+from rlbuild.environments import check_environments
 from rlbuild.errors import Violation
 from rlbuild.identity import flatten
 from rlbuild.jobenv import is_secret_name
+from rlbuild.modelcheck import check_model, source_model_config
 from rlbuild.recipe import Recipe, recipe_problems
 from rlbuild.roleplan import check_role_plan
-from rlbuild.slurm import check_chain
+from rlbuild.slurm import CPU_VARIANT, check_chain
 from rlbuild.sources import SourceError, parse_source
 from rlbuild.spec import Experiment
 from rlbuild.validation import violations
 
 # Strategies this runtime can execute, and the package that would provide the others.
 INSTALLED_STRATEGIES = {"fsdp2"}
+INSTALL_VLLM = "scripts/setup.sh --extra gpu"
 STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
 
 
@@ -106,6 +112,45 @@ def check_strategy(recipe: Recipe) -> list[Violation]:
     ]
 
 
+def vllm_version() -> str | None:
+    """The vLLM this runtime has (the nodes run the submitter's checkout and venv), or None; never imported here."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return "unknown version"
+
+
+def on_gpus(experiment: Experiment) -> bool:
+    return experiment.topology.gpu_variant.lower() != CPU_VARIANT
+
+
+def rollout_backend(experiment: Experiment, recipe: Recipe) -> str:
+    """The engine the job's rollouts will use: `auto` is vLLM on GPUs, Hugging Face generate (torch) on CPU ranks."""
+    backend = recipe.generator.backend
+    return ("vllm" if on_gpus(experiment) else "torch") if backend == "auto" else backend
+
+
+def check_backend(experiment: Experiment, recipe: Recipe) -> list[Violation]:
+    """vLLM where the plan needs it must be in the runtime the job will use (the submitter's venv)."""
+    if rollout_backend(experiment, recipe) != "vllm" or vllm_version() is not None:
+        return []
+    why = (
+        "generator.backend 'auto' means vLLM on GPUs"
+        if recipe.generator.backend == "auto"
+        else "generator.backend is 'vllm'"
+    )
+    return [
+        Violation(
+            "recipe.generator.backend",
+            f"{why} (topology.gpu_variant {experiment.topology.gpu_variant}), and the runtime the job will use has "
+            "no vllm: the nodes run this checkout and its .venv",
+            f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes), or set generator.backend: torch",
+        )
+    ]
+
+
 def check_sources(experiment: Experiment) -> list[Violation]:
     entries = [
         ("model", experiment.model.source, experiment.model.revision),
@@ -136,23 +181,6 @@ def check_credentials(recipe: Recipe) -> list[Violation]:
             "export WANDB_API_KEY, or set WANDB_MODE=offline, or use logger: console",
         )
     ]
-
-
-def check_model_shape(model_config: dict[str, Any], experiment: Experiment) -> list[Violation]:
-    """Engine geometry against the model's own config (its config.json), once the model is known."""
-    tp = experiment.role_plan.inference_engine_tensor_parallel_size
-    out: list[Violation] = []
-    for key in ("num_attention_heads", "num_key_value_heads"):
-        heads = model_config.get(key)
-        if isinstance(heads, int) and heads % tp and not (key == "num_key_value_heads" and tp % heads == 0):
-            out.append(
-                Violation(
-                    "role_plan.inference_engine_tensor_parallel_size",
-                    f"TP={tp} does not divide the model's {key}={heads}, so vLLM cannot shard it",
-                    f"choose TP among the divisors of {heads}",
-                )
-            )
-    return out
 
 
 def check_plain_values(experiment: Experiment) -> list[Violation]:
@@ -191,9 +219,13 @@ def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violat
     recipe, recipe_violations = compose_recipe(experiment)
     violations_found += recipe_violations
     if recipe is not None:
-        violations_found += check_strategy(recipe) + check_credentials(recipe)
+        violations_found += check_strategy(recipe) + check_credentials(recipe) + check_backend(experiment, recipe)
         t, placement = recipe.trainer, experiment.execution.slurm
         step_time = placement.step_time_s if placement else None
         violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)
+    model_config = source_model_config(experiment).values
+    if model_config is not None:
+        violations_found += check_model(model_config, experiment, recipe)
     violations_found += check_sources(experiment)
+    violations_found += check_environments(experiment, recipe.environment.env_class if recipe else None)
     return recipe, violations_found

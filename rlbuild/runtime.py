@@ -1,9 +1,10 @@
 """What runs inside a job, and the digest that names it.
 
 The runtime is the trainer package and the gang bootstrap, plus every rlbuild module they import (followed
-through their imports), plus the lock file that pins the packages. Its digest is what checkpoints are stamped
-with and what a fixed version's training is tied to. Plan printing, preflight messages and the CLI are not part
-of it, and neither are comments or docstrings: each module contributes the digest of its syntax tree.
+through their imports), plus the data files it reads (DATA_FILES) and the lock file that pins the packages. Its
+digest is what checkpoints are stamped with and what a fixed version's training is tied to. Plan printing,
+preflight messages and the CLI are not part of it, and neither are comments or docstrings: each module
+contributes the digest of its syntax tree.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRY_PACKAGES = ("trainer",)
 ENTRY_MODULES = ("rlbuild.gang",)
 LOCK_FILE = "uv.lock"
+# Files the runtime reads besides code: the tiny model's architecture (rlbuild/tinymodel.py).
+DATA_FILES = ("rlbuild/tiny_model.json",)
 
 
 def _module_path(root: Path, module: str) -> Path | None:
@@ -72,13 +75,14 @@ def runtime_files(root: Path = REPO_ROOT) -> list[Path]:
 
 @cache
 def source_digest(root: Path = REPO_ROOT) -> str:
-    """sha256 over the runtime modules' syntax trees (comments and docstrings do not count) and the lock file."""
+    """sha256 over the runtime modules' syntax trees (comments and docstrings do not count), its data files and
+    the lock file."""
     digest = hashlib.sha256()
     for path in runtime_files(root):
         tree = _without_docstrings(ast.parse(path.read_text(), str(path)))
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(ast.dump(tree, include_attributes=False).encode() + b"\0")
-    lock = root / LOCK_FILE
-    if lock.is_file():
-        digest.update(LOCK_FILE.encode() + b"\0" + lock.read_bytes())
+    for name in (*DATA_FILES, LOCK_FILE):
+        if (root / name).is_file():
+            digest.update(name.encode() + b"\0" + (root / name).read_bytes())
     return digest.hexdigest()

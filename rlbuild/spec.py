@@ -7,6 +7,7 @@ Structural problems (types, unknown keys, missing fields) are collected all at o
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rlbuild.errors import PreflightError, Violation
+from rlbuild.jobenv import job_env_problems
 from rlbuild.validation import violations
 from rlbuild.yamlfile import load_yaml
 
@@ -199,9 +201,53 @@ class SlurmExecution(_Strict):
         return time_limit_seconds(self.time_limit)
 
 
+class JobSize(_Strict):
+    """What one export or eval job asks its scheduler for (Snakemake's own default is 1 CPU and 1000 MB).
+    Placement: never part of an artifact's identity."""
+
+    cpu: int = Field(2, ge=1, le=1024)
+    memory: str = "4GB"
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        return node_size(value)
+
+    @property
+    def mem_mb(self) -> int:
+        return max(1, size_bytes(self.memory) // 10**6)
+
+
+MAX_ENV_VARIABLES = 256
+MAX_ENV_VALUE = 4096
+
+
 class Execution(_Strict):
     iris: IrisExecution | None = None
     slurm: SlurmExecution | None = None
+    export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
+    eval: JobSize = Field(default_factory=JobSize, description="the eval job's CPUs and memory")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARIABLES,
+        description="plain (non-secret) environment variables for every task of the experiment's jobs",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        """Names that may be set (rlbuild/jobenv.py); YAML integers (`NCCL_P2P_DISABLE: 1`) become their text."""
+        if not isinstance(value, dict):
+            return value
+        problems = job_env_problems(value)
+        for name, item in value.items():
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                problems.append(f'{name}: {item!r} is not text; quote it (e.g. {name}: "1")')
+            elif len(str(item)) > MAX_ENV_VALUE or "\0" in str(item):
+                problems.append(f"{name}: the value is not an environment value (NUL, or over {MAX_ENV_VALUE} chars)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return {name: str(item) for name, item in value.items()}
 
 
 class Experiment(_Strict):
@@ -227,6 +273,48 @@ class Experiment(_Strict):
                 "(it names the experiment's folder in storage)"
             )
         return value
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """The largest node a cluster offers, where a profile declares it (None: not declared, not checked)."""
+
+    cpu: float | None
+    memory: str | None
+    disk: str | None
+
+
+def check_node_sizes(experiment: Experiment, limits: NodeLimits) -> list[Violation]:
+    """Every per-node size the experiment asks for fits the largest node the profile declares."""
+    execution = experiment.execution
+    asked: list[tuple[str, str, float | str | None]] = [
+        ("execution.export.cpu", "cpu", execution.export.cpu),
+        ("execution.export.memory", "memory", execution.export.memory),
+        ("execution.eval.cpu", "cpu", execution.eval.cpu),
+        ("execution.eval.memory", "memory", execution.eval.memory),
+    ]
+    if execution.iris is not None:
+        asked += [("execution.iris.cpu", "cpu", execution.iris.cpu)]
+        asked += [("execution.iris.memory", "memory", execution.iris.memory)]
+        asked += [("execution.iris.disk", "disk", execution.iris.disk)]
+    if execution.slurm is not None:
+        asked += [("execution.slurm.cpus_per_node", "cpu", execution.slurm.cpus_per_node)]
+        asked += [("execution.slurm.memory_per_node", "memory", execution.slurm.memory_per_node)]
+    out: list[Violation] = []
+    for field, kind, value in asked:
+        limit = getattr(limits, kind)
+        if value is None or limit is None:
+            continue
+        too_big = value > limit if kind == "cpu" else size_bytes(str(value)) > size_bytes(str(limit))
+        if too_big:
+            out.append(
+                Violation(
+                    field,
+                    f"asks for {value} but the largest node the profile declares has {kind} {limit}",
+                    f"ask for at most {limit} (config node_{kind}), or use a cluster with larger nodes",
+                )
+            )
+    return out
 
 
 def parse_experiment(raw: Any, source: str) -> Experiment:

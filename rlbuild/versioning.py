@@ -16,8 +16,8 @@ from rlbuild import checkpoints
 from rlbuild.artifacts import artifact
 from rlbuild.errors import PreflightError
 from rlbuild.identity import check_drift, check_training_runtime
+from rlbuild.modelcheck import check_model
 from rlbuild.plan import Plan, resolve
-from rlbuild.preflight import check_model_shape
 from rlbuild.spec import Experiment, check_version, load_experiment
 from rlbuild.storage import read_json
 
@@ -50,7 +50,7 @@ def checked_plan(experiment: Experiment, version: str, storage_root: str, source
         check_training_runtime(version, plan.launch.runtime.source_digest, stored.read("launch"), state)
     staged_model = artifact("stage_model").path(version)
     model_config = read_json(plan.uri(f"{staged_model}/config.json"))
-    problems = check_model_shape(model_config or {}, experiment)
+    problems = check_model(model_config or {}, experiment, plan.recipe)
     if problems:
         raise PreflightError(f"{source} (staged model {staged_model})", problems)
     return plan

@@ -28,7 +28,7 @@ from rlbuild.plan import Plan
 from rlbuild.planview import format_plan
 from rlbuild.preflight import check_experiment
 from rlbuild.redact import redact_text
-from rlbuild.spec import Experiment, check_version, load_experiment
+from rlbuild.spec import Experiment, NodeLimits, check_node_sizes, check_version, load_experiment, node_size
 from rlbuild.storage import join
 from rlbuild.validation import violations
 from rlbuild.versioning import StoredRecords, checked_plan
@@ -47,6 +47,20 @@ class WorkflowConfig(BaseModel):
     versions: list[str] = Field(min_length=1, description="the versions `snakemake` builds with no target")
     storage_root: str = Field(min_length=1, description="the local storage root, relative to the repository")
     allow_retrain: bool = Field(False, description="let this run retrain a completed fixed version")
+    # The largest node the cluster offers, declared by a profile (`config: [node_memory=2TB, ...]`) or here: the
+    # experiment's per-node sizes must fit it. Undeclared: unchecked.
+    node_cpu: float | None = Field(None, gt=0, description="CPUs of the largest node")
+    node_memory: str | None = Field(None, description="memory of the largest node, e.g. 2TB")
+    node_disk: str | None = Field(None, description="disk of the largest node, e.g. 8TB")
+
+    @field_validator("node_memory", "node_disk")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        return None if value is None else node_size(value)
+
+    @property
+    def node_limits(self) -> NodeLimits:
+        return NodeLimits(self.node_cpu, self.node_memory, self.node_disk)
 
     @field_validator("versions", mode="before")
     @classmethod
@@ -188,6 +202,7 @@ class Graph:
     announce: bool
     allow_retrain: bool = False
     on_cluster: bool = False  # a cluster executor (remote jobs: Snakemake's --jobs), not the local one
+    node_limits: NodeLimits = field(default_factory=lambda: NodeLimits(None, None, None))
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
@@ -198,6 +213,7 @@ class Graph:
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
         _, violations = check_experiment(self.experiment)
+        violations += check_node_sizes(self.experiment, self.node_limits)
         if self.announce and self.on_cluster:  # jobs re-read the Snakefile after the submitter checked everything
             violations += slurm.partition_problems(self.experiment)  # asked only where Slurm answers (sinfo)
         if violations:
@@ -327,19 +343,31 @@ class Graph:
             inputs["base_model"] = artifact("base_model").path(wildcards.version)
         return inputs
 
+    def hand_env_to_jobs(self, workflow: Any) -> None:
+        """`execution.env` reaches every job's tasks: set here, local jobs inherit it; declared to Snakemake, the
+        Iris executor hands it to Iris with the rest of the declared environment; Slurm's `--export=ALL` carries
+        it (`restrict_job_environment` keeps it). Jobs re-read the Snakefile and set the same values."""
+        env = self.experiment.execution.env
+        os.environ.update(env)
+        if env:
+            workflow.register_envvars(*env)
+
     def restrict_job_environment(self, workflow: Any) -> None:
         """Before the first submission (the Snakefile's `onstart`): under Slurm, whose plugin submits with
         `sbatch --export=ALL`, cut this process's environment to what jobs may receive."""
         plugin = getattr(workflow, "executor_plugin", None)
         if plugin is None or plugin.name != "slurm":
             return
-        removed = restrict_to_forwarded(os.environ)
+        removed = restrict_to_forwarded(os.environ, self.experiment.execution.env)
         if removed:
             print(f"rlbuild: not passed to Slurm jobs: {', '.join(removed)}", file=sys.stderr)
 
-    def cluster_resources(self) -> dict[str, int | str]:
-        """Resources of the rules that run on a cluster besides train (Slurm account, partition, QoS)."""
-        return slurm.cluster_resources(self.experiment)
+    def job_resources(self, kind: str) -> dict[str, int | str]:
+        """Resources of the export or eval job: Slurm account, partition, QoS, and the CPUs and memory the
+        experiment gives it (`execution.export` / `execution.eval`), as Slurm and Iris read them."""
+        size = getattr(self.experiment.execution, kind)
+        sizes = {"cpus_per_task": size.cpu, "mem_mb": size.mem_mb, "iris_cpu": size.cpu, "iris_memory": size.memory}
+        return slurm.cluster_resources(self.experiment) | sizes
 
     def gang_resources(self) -> dict[str, int | str]:
         """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""

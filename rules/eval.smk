@@ -11,7 +11,7 @@ rule eval:
         curves=report("eval/v{version}/curves.png", category="Eval", caption="../report/curves.rst"),
         record=ARTIFACT["eval"].record(),
     resources:
-        **GRAPH.cluster_resources(),
+        **GRAPH.job_resources("eval"),
     log:
         "logs/eval/v{version}.log",
     params:

@@ -9,7 +9,7 @@ rule export:
         artifact=directory(ARTIFACT["export"].path()),
         record=ARTIFACT["export"].record(),
     resources:
-        **GRAPH.cluster_resources(),
+        **GRAPH.job_resources("export"),
     log:
         "logs/export/v{version}.log",
     params:

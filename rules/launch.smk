@@ -15,4 +15,5 @@ rule resolve_launch:
         args=lambda wildcards: ARGS,
     shell:
         "{params.rlbuild:q} resolve-launch {params.args:q} --version {wildcards.version:q} "
-        "--out {output.launch:q} --record {output.record:q} --plan {output.plan:q} 2> {log:q}"
+        "--model {input.model:q} --data {input.data:q} --out {output.launch:q} --record {output.record:q} "
+        "--plan {output.plan:q} 2> {log:q}"

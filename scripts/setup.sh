@@ -2,6 +2,7 @@
 # Installs everything rlbuild needs into ./.venv from the lock file: Python 3.12, uv, the locked packages
 # (Snakemake and its S3 plugin, the Iris executor plugin, torch, ray, transformers, moto for tests).
 # Idempotent: a second run only checks that the environment matches uv.lock.
+# `scripts/setup.sh --extra gpu` on a GPU node adds vLLM (with the torch and transformers it pins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,4 +28,12 @@ if [[ ! -x .tools/bin/uv ]]; then
 fi
 # Bytecode is compiled up front: environments that set PYTHONDONTWRITEBYTECODE would otherwise recompile
 # Snakemake and its plugins on every invocation (seconds per dry run).
-UV_PYTHON="$PYTHON" .tools/bin/uv sync --frozen --compile-bytecode "$@"
+# `--extra gpu` (a GPU node: vLLM, Linux x86_64) leaves out the Slurm submit plugin, which cannot share a venv
+# with vLLM (pyproject.toml says why); uv.lock holds both resolutions.
+extra=()
+for arg in "$@"; do
+  if [[ "$arg" == "gpu" || "$arg" == "--extra=gpu" ]]; then
+    extra=(--no-group slurm)
+  fi
+done
+UV_PYTHON="$PYTHON" .tools/bin/uv sync --frozen --compile-bytecode "$@" "${extra[@]}"

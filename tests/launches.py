@@ -26,6 +26,7 @@ from rlbuild.rows import dump_rows
 from rlbuild.sources import parse_source
 from rlbuild.spec import parse_experiment
 from rlbuild.staging import stage_data, stage_model
+from rlbuild.tinymodel import TINY_MODEL_FILE
 from trainer import tasks, tiny
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,8 +42,9 @@ TEST_RECIPE: dict[str, Any] = {
 
 
 def base_model_dir(seed: int = 0) -> Path:
-    """The tiny warm-started base model, built once per tiny.py source and seed, cached in the temp folder."""
-    key = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]
+    """The tiny warm-started base model, built once per tiny.py source, architecture and seed, cached in the temp
+    folder."""
+    key = hashlib.sha256(Path(tiny.__file__).read_bytes() + TINY_MODEL_FILE.read_bytes()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / f"rlbuild-tiny-base-{key}-{seed}"
     if not (folder / "config.json").exists():
         partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=folder.parent))
@@ -72,6 +74,7 @@ def experiment_document(
     role_plan: dict[str, Any] | None = None,
     topology: dict[str, Any] | None = None,
     retention: dict[str, Any] | None = None,
+    execution: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An experiment document: the tiny default's shape, local sources under `sources`, the test batch sizes.
 
@@ -89,6 +92,7 @@ def experiment_document(
     doc["role_plan"] = {**doc["role_plan"], **TEST_ROLE_PLAN, **(role_plan or {})}
     doc["topology"] = {**doc["topology"], **(topology or {})}
     doc["retention"] = {**doc["retention"], **(retention or {})}
+    doc["execution"] = {**doc["execution"], **(execution or {})}
     doc["recipe"] = deep_merge(TEST_RECIPE, recipe or {})
     return doc
 

@@ -270,12 +270,26 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_backend(backend: str) -> str:
-    """`auto` -> vllm when vLLM imports and a GPU is present, else torch. Explicit choices are checked."""
+INSTALL_VLLM = "scripts/setup.sh --extra gpu"
+
+
+def resolve_backend(backend: str, gpu: bool | None = None) -> str:
+    """`auto` -> vllm on a GPU (an error where vLLM is missing: never a silent fallback), torch without one.
+    Explicit choices are checked. `gpu` defaults to whether CUDA is available here."""
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    if backend == "auto" and gpu and not vllm_available():
+        raise EngineError(
+            f"generator.backend='auto' means vLLM on a GPU, and this runtime has no vllm: install it with "
+            f"`{INSTALL_VLLM}` in the checkout the nodes run, or set generator.backend: torch to generate with "
+            "Hugging Face on the GPU"
+        )
     if backend == "auto":
-        return "vllm" if vllm_available() and torch.cuda.is_available() else "torch"
+        return "vllm" if gpu else "torch"
     if backend == "vllm" and not vllm_available():
-        raise EngineError("generator.backend='vllm' but vllm is not installed; install vllm or use backend: torch")
+        raise EngineError(
+            f"generator.backend='vllm' but vllm is not installed; install it with `{INSTALL_VLLM}` or use "
+            "backend: torch"
+        )
     if backend not in ("vllm", "torch"):
         raise EngineError(f"generator.backend={backend!r} is not supported; use auto, vllm or torch")
     return backend

@@ -1,44 +1,77 @@
-"""Reward environments: a pluggable registry keyed by the recipe's `environment.env_class`.
+"""Reward environments, found as plug-ins: the recipe's `environment.env_class` and a `task:<name>/<split>` data
+source name one.
 
-An environment scores one completion of one dataset row. Register new ones with `@register("name")`; the
-recipe selects them by name. Dataset rows are `{prompt, answer}` (see trainer/tasks.py).
+An environment is a class whose instances score one completion of one dataset row (`reward`); one that also
+generates `{prompt, answer}` rows (`rows(split, revision)`) is a task. A name is either an entry point of the
+group `rlbuild.environments` (a package declares it in its metadata; rlbuild's own `exact_match`, `addition` and
+`reversal` are declared in pyproject.toml) or `module:Class`. rlbuild's preflight checks the same names without
+importing anything (rlbuild/environments.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
 
 from trainer.errors import TrainerError
 
+GROUP = "rlbuild.environments"
 
+
+@runtime_checkable
 class Environment(Protocol):
     def reward(self, row: dict[str, Any], completion: str, finished: bool) -> float:
         """`completion` is the decoded text without special tokens; `finished` says it ended with <eos>."""
         ...
 
 
-_REGISTRY: dict[str, Callable[[], Environment]] = {}
+@runtime_checkable
+class Task(Environment, Protocol):
+    def rows(self, split: str, revision: str) -> list[dict[str, Any]]:
+        """The `{prompt, answer}` rows of `split`, reproducible from `revision`."""
+        ...
 
 
-def register(name: str) -> Callable[[Callable[[], Environment]], Callable[[], Environment]]:
-    def wrap(factory: Callable[[], Environment]) -> Callable[[], Environment]:
-        _REGISTRY[name] = factory
-        return factory
+class UnknownEnvironmentError(TrainerError):
+    """An environment name that names no installed environment, or a class that is not one."""
 
-    return wrap
+
+def _load_class(name: str) -> type:
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownEnvironmentError(f"environment {name!r}: {exc}; check the module:Class path") from None
+    found = entry_points(group=GROUP, name=name)
+    if not found:
+        known = sorted(ep.name for ep in entry_points(group=GROUP))
+        raise UnknownEnvironmentError(
+            f"environment {name!r} is not installed; installed: {', '.join(known)}. Install the package that "
+            f"declares it (entry point group {GROUP!r}) or write module:Class"
+        )
+    return next(iter(found)).load()
 
 
 def make(name: str) -> Environment:
-    if name not in _REGISTRY:
-        raise TrainerError(
-            f"environment.env_class={name!r} is not registered; use one of {', '.join(sorted(_REGISTRY))} "
-            "or register one with trainer.env.register"
+    """An instance of the environment `name` (an entry point name or `module:Class`)."""
+    environment = _load_class(name)()
+    if not isinstance(environment, Environment):
+        raise UnknownEnvironmentError(f"environment {name!r} has no reward(row, completion, finished) method")
+    return environment
+
+
+def make_task(name: str) -> Task:
+    """An environment that generates rows (a `task:<name>/<split>` data source)."""
+    environment = make(name)
+    if not isinstance(environment, Task):
+        raise UnknownEnvironmentError(
+            f"environment {name!r} generates no rows (it has no rows(split, revision) method)"
         )
-    return _REGISTRY[name]()
+    return environment
 
 
-@register("exact_match")
 class ExactMatch:
     """1.0 when the completion is exactly the answer and generation stopped with <eos>, else 0.0."""
 

@@ -1,4 +1,5 @@
-"""Built-in verifiable tasks: deterministic `{prompt, answer}` rows for GRPO and evaluation.
+"""Built-in verifiable tasks: environments (trainer/env.py) that generate deterministic `{prompt, answer}` rows for
+GRPO and evaluation, declared as entry points in pyproject.toml like any plug-in's.
 
 Tasks:
 - ``addition``: ``"a+b="`` -> ``str(a + b)`` for single digits a, b (100 pairs): 20 validation pairs and 80 train
@@ -20,9 +21,9 @@ from pathlib import Path
 
 from rlbuild import storage
 from rlbuild.rows import dump_rows
+from trainer.env import ExactMatch, make_task
 from trainer.errors import TrainerError
 
-TASKS = ("addition", "reversal")
 SPLITS = ("train", "validation")
 VALIDATION_FRACTION = 0.2
 REVERSAL_ALPHABET = "abcde"
@@ -39,20 +40,8 @@ def revision_seed(revision: str) -> int:
     return int(hashlib.sha256(revision.encode()).hexdigest()[:8], 16)
 
 
-def _all_rows(task: str) -> list[dict[str, str]]:
-    if task == "addition":
-        return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
-    if task == "reversal":
-        words = ("".join(p) for p in itertools.product(REVERSAL_ALPHABET, repeat=REVERSAL_LENGTH))
-        return [{"prompt": f"rev {w}:", "answer": w[::-1]} for w in words]
-    raise TaskError(f"task={task!r} is not a built-in task; use one of {', '.join(TASKS)}")
-
-
-def generate(task: str, split: str, revision: str) -> list[dict[str, str]]:
-    """The rows of `split` for `task`: the two splits are disjoint and together cover every prompt."""
-    if split not in SPLITS:
-        raise TaskError(f"split={split!r} is not a split; use one of {', '.join(SPLITS)}")
-    rows = _all_rows(task)
+def split_rows(rows: list[dict[str, str]], split: str, revision: str) -> list[dict[str, str]]:
+    """The rows of `split`: the two splits are disjoint and together cover every row, chosen by the revision."""
     order = list(range(len(rows)))
     random.Random(revision_seed(revision)).shuffle(order)
     n_val = round(len(rows) * VALIDATION_FRACTION)
@@ -60,9 +49,32 @@ def generate(task: str, split: str, revision: str) -> list[dict[str, str]]:
     return [rows[i] for i in chosen]
 
 
+class Addition(ExactMatch):
+    """`"a+b="` -> `str(a + b)` for single digits a, b, scored by exact match."""
+
+    def rows(self, split: str, revision: str) -> list[dict[str, str]]:
+        pairs = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
+        return split_rows(pairs, split, revision)
+
+
+class Reversal(ExactMatch):
+    """`"rev abc:"` -> `"cba"` over 3 letters from a-e, scored by exact match."""
+
+    def rows(self, split: str, revision: str) -> list[dict[str, str]]:
+        words = ("".join(p) for p in itertools.product(REVERSAL_ALPHABET, repeat=REVERSAL_LENGTH))
+        return split_rows([{"prompt": f"rev {w}:", "answer": w[::-1]} for w in words], split, revision)
+
+
+def generate(task: str, split: str, revision: str) -> list[dict[str, str]]:
+    """The rows of `split` for `task`, an environment that generates rows (built in, or a plug-in)."""
+    if split not in SPLITS:
+        raise TaskError(f"split={split!r} is not a split; use one of {', '.join(SPLITS)}")
+    return [dict(row) for row in make_task(task).rows(split, revision)]
+
+
 def add_cli(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("make-data", help="write a built-in task split as JSONL")
-    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--task", required=True, help="an environment that generates rows (trainer/env.py)")
     parser.add_argument("--split", required=True, choices=SPLITS)
     parser.add_argument("--revision", required=True)
     parser.add_argument("--out", required=True, type=Path)

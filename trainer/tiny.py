@@ -21,16 +21,18 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
+from rlbuild.tinymodel import tiny_model_config
+from trainer.errors import TrainerError
 from trainer.tasks import REVERSAL_ALPHABET, REVERSAL_LENGTH
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARACTERS = string.digits + string.ascii_lowercase + string.ascii_uppercase + " +-=*/:?.,!'()"
-# Small on purpose: at hidden 128, GRPO memorised the 80 train pairs and reached 0.3-0.5 on the 20 held-out
-# ones; at 32 it learns a rule that carries over (0.6-0.8 on held-out pairs, see trainer/README.md).
-HIDDEN_SIZE = 32
-NUM_LAYERS = 2
-NUM_HEADS = 4
-NUM_KV_HEADS = 2
+# The architecture lives in rlbuild/tiny_model.json, which preflight reads too. Small on purpose: at hidden 128,
+# GRPO memorised the 80 train pairs and reached 0.3-0.5 on the 20 held-out ones; at 32 it learns a rule that
+# carries over (0.6-0.8 on held-out pairs, see trainer/README.md).
+ARCHITECTURE = tiny_model_config()
+HIDDEN_SIZE = ARCHITECTURE["hidden_size"]
+NUM_LAYERS = ARCHITECTURE["num_hidden_layers"]
 WARM_START_STEPS = 150
 WARM_START_BATCH = 64
 # Gentle on purpose: random answers teach the model that the prompt is irrelevant, and a stronger warm start
@@ -64,7 +66,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         eos_token="<eos>",
         unk_token="<unk>",
         padding_side="left",
-        model_max_length=64,
+        model_max_length=tiny_model_config()["max_position_embeddings"],
     )
 
 
@@ -74,16 +76,15 @@ def _byte_level(character: str) -> str:
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> torch.nn.Module:
-    # Untied embeddings: vLLM's CPU backend keeps a stale lm_head after a weight reload when they are tied.
+    # Untied embeddings (tiny_model.json): vLLM's CPU backend keeps a stale lm_head after a weight reload when
+    # they are tied.
+    if len(tokenizer) != ARCHITECTURE["vocab_size"]:
+        raise TrainerError(
+            f"the tiny tokenizer has {len(tokenizer)} tokens but rlbuild/tiny_model.json says vocab_size="
+            f"{ARCHITECTURE['vocab_size']}; update the JSON with the tokenizer"
+        )
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=4 * HIDDEN_SIZE,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_KV_HEADS,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
+        **{k: v for k, v in ARCHITECTURE.items() if k not in ("architectures", "model_type")},
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

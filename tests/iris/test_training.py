@@ -35,6 +35,9 @@ def two_node_experiment(folder: Path) -> Path:
         {"max_steps": MAX_STEPS, "ckpt_interval": 2, "eval_interval": -1, "eval_before_train": False}
     )
     doc["execution"]["iris"].update({"max_retries": 1})
+    doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
+    # Every node checks that Iris handed its task the experiment's env (rlbuild/gang.py check_runtime).
+    doc["execution"]["env"] = {"NCCL_P2P_DISABLE": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
     path = folder / f"{NAME}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

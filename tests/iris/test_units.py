@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from iris.client import JobState
 
 from rlbuild import runtime
-from rlbuild.gang import check_runtime
+from rlbuild.gang import RuntimeMismatchError, check_runtime
 from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
@@ -145,7 +146,7 @@ def test_an_unreachable_controller_fails_at_start_with_a_fix(tmp_path: Path) -> 
 
 def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp_path: Path) -> None:
     launch = write_test_launch(tmp_path)
-    check_runtime(str(launch))  # planned from this checkout: the node's code is the plan's
+    check_runtime(str(launch), os.environ)  # planned from this checkout: the node's code is the plan's
     planned = "feed" * 16
     text = launch.read_text()
     assert runtime.source_digest() in text
@@ -163,3 +164,13 @@ def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp
     assert f"this node runs runtime source digest {runtime.source_digest()}" in result.stderr
     assert f"was planned for {planned}" in result.stderr and "Run the job from the checkout" in result.stderr
     assert not (tmp_path / "rdv").exists(), "nothing may start (no Ray head, no rendezvous) on a mismatched node"
+
+
+def test_a_node_without_the_experiments_env_fails_naming_the_variable(tmp_path: Path) -> None:
+    launch = write_test_launch(tmp_path, execution={"env": {"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "WARN"}})
+    check_runtime(str(launch), {"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "WARN"})
+    with pytest.raises(RuntimeMismatchError) as caught:
+        check_runtime(str(launch), {"NCCL_P2P_DISABLE": "0"})
+    message = str(caught.value)
+    assert "NCCL_P2P_DISABLE='0'" in message and "NCCL_DEBUG unset" in message
+    assert "asks for NCCL_DEBUG='WARN', NCCL_P2P_DISABLE='1'" in message

@@ -46,6 +46,8 @@ def experiment_file(folder: Path, name: str, slurm: dict, trainer: dict, **chang
     doc["name"] = name
     doc["recipe"]["trainer"].update({"eval_interval": -1, "eval_before_train": False, **trainer})
     doc["execution"]["slurm"] = {"account": "rlbuild", "max_links": 6, **slurm}
+    # Every node checks that its srun task got the experiment's env (rlbuild/gang.py check_runtime).
+    doc["execution"]["env"] = {"NCCL_P2P_DISABLE": "1"}
     doc |= changes
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -94,7 +96,7 @@ def test_the_default_graph_chains_past_its_wall_clock_limit_to_export_and_eval(
     prefix = f"p/{name}"
     assert json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))["global_step"] == CHAIN_STEPS
     assert "accuracy" in s3.read(f"{prefix}/eval/v{VERSION}/results.json")
-    assert s3.read(f"{prefix}/export/v{VERSION}/identity.json")
+    assert s3.read(f"{prefix}/export/v{VERSION}.identity.json")  # beside the folder (artifacts.record)
     text = _text(slurm_log, job)
     links = _links(text)
     print(_timeline(links, s3, prefix))
@@ -117,6 +119,7 @@ def test_a_two_node_gang_bootstraps_ray_and_trains(slurm: LocalSlurm, s3: S3, tm
     )
     doc = yaml.safe_load(experiment.read_text())
     doc["role_plan"].update({"policy_num_nodes": 2, "policy_num_gpus_per_node": 1, "num_inference_engines": 2})
+    doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
     experiment.write_text(yaml.safe_dump(doc, sort_keys=False))
     process, log = run_profile(slurm, s3, tmp_path, experiment, f"train/v{VERSION}/terminal.json")
     try:

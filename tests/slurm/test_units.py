@@ -146,3 +146,10 @@ def test_a_slurm_job_gets_the_allow_list_and_process_basics_only() -> None:
         "SLURM_CONF",
         "LC_ALL",
     }
+
+
+def test_a_slurm_job_keeps_the_experiments_env() -> None:
+    environ = {"PATH": "/bin", "NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO", "GITHUB_TOKEN": "g"}
+    removed = restrict_to_forwarded(environ, ["NCCL_P2P_DISABLE"])
+    assert removed == ["GITHUB_TOKEN", "NCCL_DEBUG"]
+    assert environ == {"PATH": "/bin", "NCCL_P2P_DISABLE": "1"}

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import EXPERIMENTS, REPO, S3Server, run_snakemake
+from trainer.tiny import build_tokenizer
 
 VERSION = "2026.09.21"
 STAGES = ["base_model", "stage_model", "stage_data", "resolve_launch", "train", "export"]
@@ -36,7 +37,7 @@ def cheap_experiment(tmp_path: Path, **recipe: object) -> Path:
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
     (model / "model.safetensors").write_bytes(b"not really weights")
-    (model / "tokenizer.json").write_text("{}")
+    build_tokenizer().save_pretrained(model)  # resolve_launch counts the staged prompts with it
     doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     doc["model"] = {
         "source": f"local:{model}",

@@ -62,7 +62,7 @@ def test_training_must_run_the_code_its_launch_document_names() -> None:
 def test_dev_checkpoints_live_under_their_configuration() -> None:
     doc = experiment()
     other = copy.deepcopy(doc)
-    other["recipe"] = {"trainer": {"policy": {"optimizer_config": {"lr": 1.0e-5}}}}
+    other["recipe"]["trainer"] = {"policy": {"optimizer_config": {"lr": 1.0e-5}}}
     first = resolve(parse_experiment(doc, "a"), "dev", "s3://b/p")
     second = resolve(parse_experiment(other, "b"), "dev", "s3://b/p")
     assert first.launch.artifacts.checkpoint_root != second.launch.artifacts.checkpoint_root

@@ -12,7 +12,7 @@ from rlbuild.plan import resolve
 from rlbuild.spec import parse_experiment
 from tests.spine.experiments import experiment, write
 
-SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "recipe"]
+SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "recipe", "env"]
 
 
 def resolve_launch(tmp_path: Path, doc: dict, out: str) -> str:

@@ -79,13 +79,13 @@ def test_fully_async_with_equal_batches_and_separate_roles_passes() -> None:
 
 
 def test_tensor_parallel_size_must_divide_the_models_heads() -> None:
-    from rlbuild.preflight import check_model_shape
+    from rlbuild.modelcheck import check_model
     from rlbuild.spec import parse_experiment
 
     doc = parse_experiment(experiment(role_plan__inference_engine_tensor_parallel_size=8), "t")
-    (violation,) = check_model_shape({"num_attention_heads": 12, "num_key_value_heads": 4}, doc)
+    (violation,) = check_model({"num_attention_heads": 12, "num_key_value_heads": 4}, doc, None)
     assert violation.message == "TP=8 does not divide the model's num_attention_heads=12, so vLLM cannot shard it"
-    assert check_model_shape({"num_attention_heads": 32, "num_key_value_heads": 4}, doc) == []
+    assert check_model({"num_attention_heads": 32, "num_key_value_heads": 4}, doc, None) == []
 
 
 def _engines_on_three_free_nodes(engines: int, tp: int) -> dict:

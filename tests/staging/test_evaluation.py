@@ -113,7 +113,7 @@ def test_a_run_without_signal_says_so_and_a_killed_run_is_read_from_its_segments
     stream.flush()
     assert launch.recipe.trainer.zero_reward_warning_steps == 20
     validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
-    results = run_eval(base_model_dir(0), validation, launch, tmp_path / "eval", k=2)
+    results = run_eval(_export(tmp_path), validation, launch, tmp_path / "eval", k=2)
     training = results["training"]
     assert training["last_step"] == 30 and training["longest_zero_reward_steps"] == 30
     assert len(training["warnings"]) == 1

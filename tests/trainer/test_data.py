@@ -14,6 +14,7 @@ from rlbuild.rows import read_rows
 from trainer import batch as layout
 from trainer import data, grpo, tasks
 from trainer.engines import Rollout
+from trainer.errors import TrainerError
 
 
 @pytest.mark.parametrize(("task", "n_train", "n_validation"), [("addition", 80, 20), ("reversal", 100, 25)])
@@ -38,7 +39,7 @@ def test_rows_are_correct() -> None:
 
 
 def test_unknown_task_and_split_are_errors() -> None:
-    with pytest.raises(tasks.TaskError, match="task='multiplication'"):
+    with pytest.raises(TrainerError, match="environment 'multiplication' is not installed; installed: addition"):
         tasks.generate("multiplication", "train", "seed-0")
     with pytest.raises(tasks.TaskError, match="split='test'"):
         tasks.generate("addition", "test", "seed-0")

@@ -227,7 +227,13 @@ def test_load_weights_rejects_foreign_names(model_dir: Path) -> None:
 
 def test_backend_resolution() -> None:
     assert engines.resolve_backend("torch") == "torch"
-    if not engines.vllm_available():
-        assert engines.resolve_backend("auto") == "torch"
-        with pytest.raises(engines.EngineError, match="vllm is not installed"):
+    assert engines.resolve_backend("auto", gpu=False) == "torch"
+    if engines.vllm_available():
+        assert engines.resolve_backend("auto", gpu=True) == "vllm"
+    else:
+        with pytest.raises(
+            engines.EngineError, match=r"vllm is not installed; install it with `scripts/setup\.sh --extra gpu`"
+        ):
             engines.resolve_backend("vllm")
+        with pytest.raises(engines.EngineError, match="'auto' means vLLM on a GPU, and this runtime has no vllm"):
+            engines.resolve_backend("auto", gpu=True)

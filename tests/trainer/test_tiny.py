@@ -17,9 +17,8 @@ def test_the_saved_tokenizer_loads_with_the_same_ids_and_round_trips(tmp_path: P
     tokenizer.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     texts = [tiny.CHARACTERS, "next 4:", "prev 5:"]
-    texts += [
-        row["prompt"] + str(row["answer"]) for task in tasks.TASKS for row in tasks.generate(task, "train", "seed-0")
-    ]
+    for task in ("addition", "reversal"):
+        texts += [row["prompt"] + str(row["answer"]) for row in tasks.generate(task, "train", "seed-0")]
     for text in texts:
         ids = tokenizer(text)["input_ids"]
         assert loaded(text)["input_ids"] == ids, text
