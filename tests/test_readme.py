@@ -48,6 +48,10 @@ COVERED_ELSEWHERE = {
     "make setup": "CI's `make test` runs it first; every test here runs in the environment it made",
     "python -m trainer run --launch launch.yaml": "tests/trainer/test_run.py runs it on launch documents it writes",
     "make bench": "tests/test_benchmarks.py runs every benchmark on a tiny budget",
+    "snakemake --cores 2 --config experiment=tiny-reversal": (
+        "tests/trainer/test_learning.py::test_the_reversal_experiment_learns_the_held_out_strings (its recipe, "
+        "seed and split, held-out accuracy >= 0.5)"
+    ),
 }
 COMMAND_WORDS = ("snakemake", "rlbuild", "make", "python", "source")
 
