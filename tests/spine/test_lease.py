@@ -4,6 +4,7 @@ conditional writes are real: checked first) and a local folder."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +43,7 @@ def test_one_run_holds_an_artifact_and_the_other_is_told_who(root: str) -> None:
         second.acquire(uri, "train/v2026.09.21/terminal.json of tiny")
     message = str(refused.value)
     assert f"run {first.holder.run} of {first.holder.user}@{first.holder.host}" in message
-    assert "last heartbeat 0 s ago" in message and "taken over" in message
+    assert re.search(r"last heartbeat \d s ago", message) and "taken over" in message
     assert list(held_leases(root)) == ["train/v2026.09.21"]
     first.release_all()
     assert read_lease(uri) is None
