@@ -114,6 +114,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     """(controller URL, experiment root in the Iris profile's storage) of `rlbuild submit` / `rlbuild cancel`."""
+    from rlbuild.status import unscoped
     from rlbuild.workflow import experiment_file, workflow_config
 
     url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
@@ -126,7 +127,7 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
         raise RlbuildError("; ".join(problems))
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
-    return str(url), storage.join(str(root), experiment.name)
+    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -52,6 +52,7 @@ def gather(
 ) -> Entry:
     """The status document: `{"experiment", "storage_root", "versions": {v: {kind: {"state", ...}}}}`."""
     now = time.time()
+    storage_root = unscoped(storage_root, experiment.name)
     root = storage.join(storage_root, experiment.name)
     leases = held_leases(root)
     found: Entry = {}
@@ -65,6 +66,14 @@ def gather(
     document = {"experiment": experiment.name, "storage_root": storage_root, "versions": found}
     document["coordinators"] = following(root, opts.iris_url)
     return document | {"verdict": overall(found)}
+
+
+def unscoped(storage_root: str, experiment: str) -> str:
+    """The storage root above the experiment root, read as Snakemake's storage scoping reads a default storage
+    prefix (rlbuild/workflow.py:scope_storage): one that already ends in the experiment's name is its root."""
+    if "://" in storage_root and storage_root.rstrip("/").endswith(f"/{experiment}"):
+        return storage_root.rstrip("/")[: -len(experiment) - 1]
+    return storage_root
 
 
 def overall(versions: Entry) -> str:
