@@ -28,6 +28,9 @@ RUN_HERE = {
     "snakemake --help | grep -A1 -- --iris-": "--iris-controller-url",
     "snakemake --profile slurm -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
     "snakemake --help | grep -A2 -- --slurm-": "--slurm-",
+    "rlbuild status": "verdict: 7 of 7 artifacts not built",
+    "rlbuild status --json": '"stage_model": {',
+    "rlbuild status export/v2026.09.21": "  export       missing",
 }
 COVERED_ELSEWHERE = {
     "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
@@ -48,6 +51,14 @@ COVERED_ELSEWHERE = {
     "make setup": "CI's `make test` runs it first; every test here runs in the environment it made",
     "python -m trainer run --launch launch.yaml": "tests/trainer/test_run.py runs it on launch documents it writes",
     "make bench": "tests/test_benchmarks.py runs every benchmark on a tiny budget",
+    "make iris-local": "tests/iris/test_iris_local.py runs its script from a fresh copy of the code",
+    "rlbuild submit export/v2026.09.21": "tests/iris/test_coordinator.py (the default graph, detached, to the end)",
+    "rlbuild cancel export/v2026.09.21": (
+        "tests/iris/test_coordinator.py::test_cancel_stops_the_coordinator_and_its_jobs"
+    ),
+    "rlbuild status --storage-root s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX": (
+        "tests/iris/test_coordinator.py and tests/iris/test_training.py read status from S3 during the run"
+    ),
 }
 COMMAND_WORDS = ("snakemake", "rlbuild", "make", "python", "source")
 
