@@ -130,15 +130,24 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name)
 
 
+def with_config(argv: list[str], entry: str) -> list[str]:
+    """`argv` with `entry` in its (last) `--config`: Snakemake keeps only the last of several `--config` flags."""
+    if "--config" not in argv:
+        return [*argv, "--config", entry]
+    at = len(argv) - argv[::-1].index("--config")
+    return [*argv[:at], entry, *argv[at:]]
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """The graph as a detached Iris job (a coordinator); returns once Iris has it."""
     from rlbuild.coordinator import Size, submit
 
     url, root = _submit_context(args)
-    extra = ["--config", f"experiment={args.experiment}"] if args.experiment else []
-    passed = args.snakemake_args[1:] if args.snakemake_args[:1] == ["--"] else args.snakemake_args
+    passed = (
+        with_config(args.snakemake_args, f"experiment={args.experiment}") if args.experiment else args.snakemake_args
+    )
     size = Size(cpu=args.cpu, memory=args.memory, disk=args.disk)
-    job, adopted = submit(url, root, args.targets, extra + passed, size, args.cpu_pool, REPO)
+    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO)
     verb = "is already running as" if adopted else "submitted as"
     print(f"coordinator of {' '.join(args.targets) or 'the default targets'} {verb} Iris job {job}")
     print(f"watch it:  python -m rlbuild status --storage-root {root.rsplit('/', 1)[0]} --watch 30")
@@ -278,6 +287,8 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("targets", nargs="*", help="artifact targets, e.g. export/v2026.09.21 (default: rule all)")
+        if name == "submit":
+            p.epilog = "Arguments after `--` go to the coordinator's snakemake."
         p.add_argument("--experiment", help="an experiment name or .yaml path (default: config/config.yaml's)")
         p.add_argument("--storage-root", help="s3://bucket/prefix (default: s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX)")
         p.add_argument("--iris-controller-url", help="default: SNAKEMAKE_IRIS_CONTROLLER_URL")
@@ -286,7 +297,6 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--memory", default="16GB", help="coordinator memory")
             p.add_argument("--disk", default="64GB", help="coordinator disk")
             p.add_argument("--cpu-pool", default=os.environ.get("SNAKEMAKE_IRIS_CPU_POOL"), help="worker pool")
-            p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after `--`: more arguments for snakemake")
         p.set_defaults(func=func)
 
 
@@ -360,7 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # `rlbuild submit [TARGET...] [options] -- <snakemake arguments>`: what follows `--` is the coordinator's.
+    split = argv.index("--") if argv[:1] == ["submit"] and "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    args.snakemake_args = argv[split + 1 :]
     try:
         return args.func(args)
     except PreflightError as exc:

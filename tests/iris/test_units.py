@@ -185,3 +185,11 @@ def test_executor_settings_are_checked_at_start_with_every_problem_named() -> No
         assert named in text
     assert "AWS_SECRET_ACCESS_KEY" in text and "1BAD" in text and "OK_NAME" not in text.split("--iris-env")[1]
     assert "--iris-on-interrupt='ignore': choose one of keep, cancel" in text
+
+
+def test_submit_puts_the_experiment_into_the_one_config_snakemake_keeps() -> None:
+    from rlbuild.cli import with_config
+
+    assert with_config(["--cores", "2"], "experiment=x") == ["--cores", "2", "--config", "experiment=x"]
+    merged = with_config(["--config", "a=1", "--jobs", "2", "--config", "versions=['v']"], "experiment=x")
+    assert merged == ["--config", "a=1", "--jobs", "2", "--config", "experiment=x", "versions=['v']"]
