@@ -2,7 +2,7 @@
 VENV := .venv/bin
 export PATH := $(CURDIR)/$(VENV):$(PATH)
 
-.PHONY: setup main test test-fast lint bench
+.PHONY: setup main iris-local test test-fast lint bench
 
 setup:
 	scripts/setup.sh
@@ -12,6 +12,11 @@ setup:
 main: setup
 	snakemake --cores 2
 	snakemake --report $(CURDIR)/results/tiny-addition/report.html
+
+# The Iris path on this machine: a local Iris cluster and S3 server (the tests' own), the graph through
+# `snakemake --profile iris`, then where the artifacts are and their `rlbuild status`; stops what it started.
+iris-local: setup
+	python scripts/iris_local.py
 
 # Every test, slow ones included (CI runs this).
 test: setup

@@ -85,6 +85,88 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_INVALID if errors else 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Every artifact's state from storage (and the scheduler, for a running job); `--watch N` refreshes."""
+    import time
+
+    from rlbuild.status import Options, gather, iris_url_from_environment, target_selection
+    from rlbuild.statusview import format_status
+    from rlbuild.workflow import experiment_file, workflow_config
+
+    config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
+    storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
+    experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
+    versions, kinds = target_selection(args.targets) if args.targets else (config.versions, None)
+    if args.version:
+        versions = [args.version]
+    options = Options(stall_after_s=args.stall_after, iris_url=args.iris_controller_url or iris_url_from_environment())
+    while True:
+        document = gather(experiment, versions, storage_root, kinds, options)
+        text = json.dumps(document, indent=2) if args.json else format_status(document)
+        if args.watch and not args.json and sys.stdout.isatty():
+            print("\033[2J\033[H", end="")
+        print(text, flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
+def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
+    """(controller URL, experiment root in the Iris profile's storage) of `rlbuild submit` / `rlbuild cancel`."""
+    from rlbuild.status import unscoped
+    from rlbuild.workflow import experiment_file, workflow_config
+
+    url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
+    bucket, prefix = os.environ.get("RLBUILD_BUCKET"), os.environ.get("RLBUILD_PREFIX", "")
+    root = args.storage_root or (f"s3://{bucket}/{prefix}".rstrip("/") if bucket else None)
+    problems = [] if url else ["no Iris controller: pass --iris-controller-url or set SNAKEMAKE_IRIS_CONTROLLER_URL"]
+    if not root:
+        problems.append("no storage root: set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile iris")
+    if problems:
+        raise RlbuildError("; ".join(problems))
+    config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
+    experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
+    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name)
+
+
+def with_config(argv: list[str], entry: str) -> list[str]:
+    """`argv` with `entry` in its (last) `--config`: Snakemake keeps only the last of several `--config` flags."""
+    if "--config" not in argv:
+        return [*argv, "--config", entry]
+    at = len(argv) - argv[::-1].index("--config")
+    return [*argv[:at], entry, *argv[at:]]
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """The graph as a detached Iris job (a coordinator); returns once Iris has it."""
+    from rlbuild.coordinator import Size, submit
+
+    url, root = _submit_context(args)
+    passed = (
+        with_config(args.snakemake_args, f"experiment={args.experiment}") if args.experiment else args.snakemake_args
+    )
+    size = Size(cpu=args.cpu, memory=args.memory, disk=args.disk)
+    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO)
+    verb = "is already running as" if adopted else "submitted as"
+    print(f"coordinator of {' '.join(args.targets) or 'the default targets'} {verb} Iris job {job}")
+    print(f"watch it:  python -m rlbuild status --storage-root {root.rsplit('/', 1)[0]} --watch 30")
+    print(f"cancel it: python -m rlbuild cancel {' '.join(args.targets)}".rstrip())
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Stop a detached coordinator and every job it submitted."""
+    from rlbuild.coordinator import cancel
+
+    url, root = _submit_context(args)
+    cancelled = cancel(root, url, args.targets)
+    for job in cancelled:
+        print(f"cancelled Iris job {job} and the jobs it submitted")
+    if not cancelled:
+        print(f"no running coordinator of {' '.join(args.targets) or root} found")
+    return 0
+
+
 def cmd_base_model(args: argparse.Namespace) -> int:
     plan = _plan(args)
     out = Path(args.out)
@@ -186,7 +268,45 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-root", default=DEFAULT_STORAGE_ROOT, help="local folder or s3://bucket/prefix")
 
 
-PEOPLE_COMMANDS = {cmd_check}
+PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel}
+
+
+def _operator_commands(sub: argparse._SubParsersAction) -> None:
+    """The commands a person runs on a long run: status, submit, cancel."""
+    status = sub.add_parser("status", help="what is built, running, stale or failed; the health of a running train")
+    status.add_argument("targets", nargs="*", help="artifact targets, e.g. export/v2026.09.21 (default: every kind)")
+    status.add_argument("--experiment", help="an experiment name or .yaml path (default: config/config.yaml's)")
+    status.add_argument("--version", help="one version (default: the targets', else config/config.yaml's versions)")
+    status.add_argument(
+        "--storage-root", help="local folder or s3://bucket/prefix (default: config/config.yaml's, in the repository)"
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until interrupted")
+    status.add_argument(
+        "--stall-after", type=float, default=600.0, metavar="S", help="seconds without a step that count as stalled"
+    )
+    status.add_argument(
+        "--iris-controller-url", help="ask this Iris controller about jobs (default: SNAKEMAKE_IRIS_CONTROLLER_URL)"
+    )
+    status.set_defaults(func=cmd_status)
+
+    for name, func, help_text in (
+        ("submit", cmd_submit, "run the graph as a detached coordinator job on Iris, and return"),
+        ("cancel", cmd_cancel, "stop a detached coordinator and the jobs it submitted"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("targets", nargs="*", help="artifact targets, e.g. export/v2026.09.21 (default: rule all)")
+        if name == "submit":
+            p.epilog = "Arguments after `--` go to the coordinator's snakemake."
+        p.add_argument("--experiment", help="an experiment name or .yaml path (default: config/config.yaml's)")
+        p.add_argument("--storage-root", help="s3://bucket/prefix (default: s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX)")
+        p.add_argument("--iris-controller-url", help="default: SNAKEMAKE_IRIS_CONTROLLER_URL")
+        if name == "submit":
+            p.add_argument("--cpu", type=float, default=4.0, help="coordinator CPUs (seed 000: 4)")
+            p.add_argument("--memory", default="16GB", help="coordinator memory")
+            p.add_argument("--disk", default="64GB", help="coordinator disk")
+            p.add_argument("--cpu-pool", default=os.environ.get("SNAKEMAKE_IRIS_CPU_POOL"), help="worker pool")
+        p.set_defaults(func=func)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_check)
+
+    _operator_commands(sub)
 
     for name, func, help_text in (
         ("base-model", cmd_base_model, "build the tiny base model in code (embedded default)"),
@@ -259,7 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # `rlbuild submit [TARGET...] [options] -- <snakemake arguments>`: what follows `--` is the coordinator's.
+    split = argv.index("--") if argv[:1] == ["submit"] and "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    args.snakemake_args = argv[split + 1 :]
     if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/interrupts.py)
         interrupts.raise_on_signals()
         interrupts.stop_when_snakemake_dies()

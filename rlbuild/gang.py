@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from pathlib import Path
 from rlbuild import storage
 from rlbuild.errors import RlbuildError
 from rlbuild.jobenv import RAY_PORT_NAMES
+from rlbuild.jobstate import SchedulerUnavailableError, iris_terminate
+from rlbuild.progress import HEARTBEAT_S
 from rlbuild.redact import redact_text
 from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 
@@ -43,6 +46,7 @@ SLURM_PORT_BAND = 500
 SLURM_PORT_BANDS = 10
 RAY_STOP_GRACE_S = 10.0
 PR_SET_PDEATHSIG = 1
+EXIT_NOT_RETRYABLE = 3
 WARNING_SIGNAL = signal.SIGUSR1  # Slurm's `--signal=USR1@<lead>`
 
 
@@ -199,8 +203,26 @@ def materialise(launch: str | None, cache_dir: Path) -> None:
     )
 
 
-class RuntimeMismatchError(RlbuildError):
+class NotRetryableError(RlbuildError):
+    """A failure the same job would meet again on retry: the task exits EXIT_NOT_RETRYABLE and, on Iris, cancels
+    its own job so Iris does not restart the gang into the same wall."""
+
+
+class RuntimeMismatchError(NotRetryableError):
     """This node's code is not the code the launch document was planned for."""
+
+
+def refuse_retry(environ: dict[str, str]) -> None:
+    """Cancel this task's Iris job (the controller URL and task id are in every Iris task's environment)."""
+    url, task = environ.get("IRIS_CONTROLLER_URL"), environ.get("IRIS_TASK_ID", "")
+    job = task.rpartition("/")[0]
+    if not url or not job:
+        return
+    try:
+        iris_terminate(url, job)
+        log(f"cancelled Iris job {job}: a retry would fail the same way")
+    except SchedulerUnavailableError as error:
+        log(f"could not cancel Iris job {job}, so Iris may retry it: {error}")
 
 
 def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
@@ -287,8 +309,10 @@ def _run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command
         log(f"cleared {len(removed)} stale rendezvous folder(s) of earlier attempts")
     node.start(head_address=None)
     wait_for_port(node.host, node.ports["ray_gcs"], args.join_timeout, node)
-    rdv.publish_head(node.gcs_address, rank=0, nodes=args.nodes)
-    rdv.mark_alive(0)
+    rdv.publish_head(
+        node.gcs_address, rank=0, nodes=args.nodes, job=args.job, scheduler=args.scheduler, time=time.time()
+    )
+    beat_while_running(rdv, node)
     log(f"Ray head at {node.gcs_address}; waiting for {args.nodes} node(s)")
     wait_for_nodes(node.gcs_address, args.nodes, args.join_timeout, rdv.alive_ranks)
     log(f"Ray nodes alive: {args.nodes}/{args.nodes} after {time.monotonic() - gang_start:.1f}s since gang start")
@@ -307,15 +331,32 @@ def _run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command
 def run_worker(args: argparse.Namespace, rdv: Rendezvous, node: RayNode) -> int:
     head = rdv.wait_head(args.join_timeout)
     node.start(head_address=head["address"])
-    rdv.mark_alive(node.rank)
+    beat_while_running(rdv, node)
     log(f"rank {node.rank} joining Ray at {head['address']}")
     materialise(args.launch, args.cache_dir)
+    rdv.mark_inputs(node.rank)
     ok, reason = rdv.wait_outcome(node.running)
     if ok:
         log(f"rank {node.rank}: rank 0 finished; leaving")
         return 0
     log(f"rank {node.rank}: {reason}")
     return 1
+
+
+def beat_while_running(rdv: Rendezvous, node: RayNode, every_s: float = HEARTBEAT_S) -> None:
+    """Mark this rank alive now, and again every `every_s` while its Ray node runs: `rlbuild status` counts the
+    nodes whose heartbeat is fresh."""
+    rdv.mark_alive(node.rank)
+
+    def beat() -> None:
+        while node.running():
+            time.sleep(every_s)
+            try:
+                rdv.mark_alive(node.rank)
+            except (OSError, RlbuildError) as error:  # advisory: the next beat tries again
+                log(f"heartbeat of rank {node.rank} failed: {error}")
+
+    threading.Thread(target=beat, name=f"rlbuild-rank{node.rank}-heartbeat", daemon=True).start()
 
 
 def archive_ray_logs(rdv: Rendezvous, node: RayNode) -> None:
@@ -368,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host = os.environ.get("IRIS_ADVERTISE_HOST") or socket.gethostbyname(socket.gethostname())
         ports = task_ports(dict(os.environ), task)
         node = RayNode(rank=task.rank, host=host, ports=ports, num_cpus=args.num_cpus)
+        args.job, args.scheduler = task.job, task.scheduler
         log(f"rank {task.rank}/{args.nodes} attempt {task.attempt} of {task.job}; rendezvous {rdv.uri}")
         signal.signal(signal.SIGTERM, _terminate)  # the scheduler stopping the task: still stop Ray and keep its logs
         signal.signal(WARNING_SIGNAL, _warned)
@@ -379,6 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.stop()
             archive_ray_logs(rdv, node)
             node.remove_temp_dir()
+    except NotRetryableError as error:
+        log(f"error (not retryable): {error}")
+        refuse_retry(dict(os.environ))
+        return EXIT_NOT_RETRYABLE
     except RlbuildError as error:
         log(f"error: {error}")
         return 2

@@ -108,6 +108,17 @@ def check_drift(
     (code edits leave completed versions usable), also where it reaches an artifact only through the identity of
     a dependency. For `dev` every difference means a rebuild. `expected` is in build order.
     """
+    stale, drifts = record_drift(expected, read_record)
+    if drifts and version != MUTABLE_VERSION:
+        raise IdentityDriftError(version, drifts)
+    return sorted(stale)
+
+
+def record_drift(
+    expected: Mapping[str, Mapping[str, Any]], read_record: Callable[[str], Mapping[str, Any] | None]
+) -> tuple[list[str], dict[str, dict[str, tuple[Any, Any]]]]:
+    """(kinds whose stored record has another fingerprint, the configuration diff of those that differ in more
+    than the code that built them), `expected` in build order. `check_drift` and `rlbuild status` judge by it."""
     drifts: dict[str, dict[str, tuple[Any, Any]]] = {}
     stale: list[str] = []
     runtime_only: set[str] = set()
@@ -121,9 +132,7 @@ def check_drift(
             drifts[kind] = diff
         else:
             runtime_only.add(kind)
-    if drifts and version != MUTABLE_VERSION:
-        raise IdentityDriftError(version, drifts)
-    return sorted(stale)
+    return stale, drifts
 
 
 def check_training_runtime(

@@ -70,16 +70,25 @@ def _attempt_uri(root: str, attempt: int) -> str:
     return storage.join(root, f"attempt-{attempt:06d}")
 
 
+def _kept_until(folder: str) -> int:
+    start = storage.read_json(storage.join(folder, START)) or {}
+    return int(start.get("kept_until", -1))
+
+
+def attempt_starts(root: str) -> list[int]:
+    """Each attempt's `kept_until`, oldest first: how many times the trainer started, and where each resumed."""
+    return [_kept_until(_attempt_uri(root, attempt)) for attempt in _attempts(root)]
+
+
 def read_stream(root: str) -> tuple[list[Record], int]:
     """The run as the segments under `root` describe it: (records, unreadable line count)."""
     attempts: list[tuple[int, list[Record]]] = []
     unreadable = 0
     for attempt in _attempts(root):
         folder = _attempt_uri(root, attempt)
-        start = storage.read_json(storage.join(folder, START)) or {}
         lines, bad = parse_lines(streams.read_stream(folder) or "")
         unreadable += bad
-        attempts.append((int(start.get("kept_until", -1)), lines))
+        attempts.append((_kept_until(folder), lines))
     return merge(attempts), unreadable
 
 

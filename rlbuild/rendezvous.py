@@ -2,7 +2,8 @@
 
 Layout under `<root>/<job>/<gang id>/attempt-<n>/`:
   head.json         rank 0's Ray address, written once Ray's head is up
-  alive/<rank>      a rank has joined Ray
+  alive/<rank>      a rank has joined Ray: the time, rewritten while its Ray node runs (a heartbeat)
+  inputs/<rank>     a worker rank materialised its inputs
   done              rank 0's job step succeeded: workers exit 0
   failed            rank 0's job step failed (the text says how): workers exit non-zero
 
@@ -101,7 +102,28 @@ class Rendezvous:
         self._write(f"alive/{rank}", str(time.time()))
 
     def alive_ranks(self) -> set[int]:
-        return {int(name) for name in storage.list_names(storage.join(self.uri, "alive")) if name.isdigit()}
+        return set(self._ranks("alive"))
+
+    def heartbeats(self) -> dict[int, float]:
+        """Each rank's last alive time (epoch seconds), for `rlbuild status`."""
+        beats = {}
+        for rank in self._ranks("alive"):
+            text = self._read(f"alive/{rank}") or ""
+            beats[rank] = float(text) if text.replace(".", "", 1).isdigit() else 0.0
+        return beats
+
+    def mark_inputs(self, rank: int) -> None:
+        self._write(f"inputs/{rank}", str(time.time()))
+
+    def ranks_with_inputs(self) -> set[int]:
+        return set(self._ranks("inputs"))
+
+    def head(self) -> dict[str, Any] | None:
+        text = self._read("head.json")
+        return None if text is None else json.loads(text)
+
+    def _ranks(self, folder: str) -> list[int]:
+        return [int(name) for name in storage.list_names(storage.join(self.uri, folder)) if name.isdigit()]
 
     def mark_done(self) -> None:
         self._write("done", str(time.time()))

@@ -28,6 +28,9 @@ RUN_HERE = {
     "snakemake --help | grep -A1 -- --iris-": "--iris-controller-url",
     "snakemake --profile slurm -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
     "snakemake --help | grep -A2 -- --slurm-": "--slurm-",
+    "rlbuild status": "verdict: 7 of 7 artifacts not built",
+    "rlbuild status --json": '"stage_model": {',
+    "rlbuild status export/v2026.09.21": "  export       missing",
 }
 COVERED_ELSEWHERE = {
     "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
@@ -51,6 +54,14 @@ COVERED_ELSEWHERE = {
     "snakemake --cores 2 --config experiment=tiny-reversal": (
         "tests/trainer/test_learning.py::test_the_reversal_experiment_learns_the_held_out_strings (its recipe, "
         "seed and split, held-out accuracy >= 0.5)"
+    ),
+    "make iris-local": "tests/iris/test_iris_local.py runs its script from a fresh copy of the code",
+    "rlbuild submit export/v2026.09.21": "tests/iris/test_coordinator.py (the default graph, detached, to the end)",
+    "rlbuild cancel export/v2026.09.21": (
+        "tests/iris/test_coordinator.py::test_cancel_stops_the_coordinator_and_its_jobs"
+    ),
+    "rlbuild status --storage-root s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX": (
+        "tests/iris/test_coordinator.py and tests/iris/test_training.py read status from S3 during the run"
     ),
 }
 COMMAND_WORDS = ("snakemake", "rlbuild", "make", "python", "source")

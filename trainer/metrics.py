@@ -21,6 +21,7 @@ import torch
 
 from rlbuild.launch import LaunchDocument
 from rlbuild.metricstream import ZERO_REWARD_STEPS, MetricsStream
+from rlbuild.progress import Progress
 from rlbuild.redact import redact_text
 from trainer import grpo
 from trainer.batch import UpdateBatch
@@ -97,9 +98,14 @@ class MetricsWriter:
     """Appends each step's line to the metrics stream, prints the progress line, warns when rewards stay zero."""
 
     def __init__(
-        self, stream: MetricsStream, max_steps: int, zero_reward_warning_steps: int = 0, wandb_run: Any = None
+        self,
+        stream: MetricsStream,
+        max_steps: int,
+        zero_reward_warning_steps: int = 0,
+        wandb_run: Any = None,
+        progress: Progress | None = None,
     ) -> None:
-        self.stream, self.max_steps, self.wandb = stream, max_steps, wandb_run
+        self.stream, self.max_steps, self.wandb, self.progress = stream, max_steps, wandb_run, progress
         self.warn_after = zero_reward_warning_steps
         kept = stream.records()
         self.zero_reward_steps = int(kept[-1].get(ZERO_REWARD_STEPS, 0)) if kept else 0
@@ -112,7 +118,10 @@ class MetricsWriter:
         t = launch.recipe.trainer
         run = open_wandb(t.project_name, launch.run.id, launch.recipe.model_dump()) if t.logger == "wandb" else None
         stream = MetricsStream(launch.artifacts.metrics_segments_root, kept_until)
-        return cls(stream, t.max_steps, t.zero_reward_warning_steps, run)
+        # What `rlbuild status` reads: the attempt's last step and when it ended.
+        progress = Progress(launch.artifacts.attempts_root, t.max_steps)
+        progress.started(max(kept_until, 0))
+        return cls(stream, t.max_steps, t.zero_reward_warning_steps, run, progress)
 
     def log(self, step: int, values: dict[str, Any], flush: bool = False) -> None:
         """Append the step's line (`flush`: make it durable now, as at a checkpoint), print progress, send to W&B."""
@@ -122,7 +131,9 @@ class MetricsWriter:
         self.stream.append(record)
         if flush:
             self.stream.flush()
-        print(self.progress(record), file=sys.stderr, flush=True)
+        if self.progress is not None:
+            self.progress.step(step, force=flush)
+        print(self.progress_line(record), file=sys.stderr, flush=True)
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
@@ -139,7 +150,7 @@ class MetricsWriter:
                 flush=True,
             )
 
-    def progress(self, record: dict[str, Any]) -> str:
+    def progress_line(self, record: dict[str, Any]) -> str:
         """`step 41/500 | 0:00:12 elapsed, ETA 0:02:25 | reward 0.004 | kl 0.014 | ...`"""
         step = record["step"]
         elapsed = time.monotonic() - self.started

@@ -18,6 +18,7 @@ its Ray workers in the engine's own bundles (VLLM_RAY_BUNDLE_INDICES), while the
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from trainer.roles import Roles, rendezvous
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACEMENT_TIMEOUT_S = 180
 COLOCATED_SHARE = 0.5
+SHORT_TEMP_DIR = 40  # Ray appends about 60 bytes (session_<date>_<pid>/sockets/plasma_store) to its temp folder
 NODE_LABEL = "ray.io/node-id"
 
 
@@ -64,6 +66,7 @@ def connect(address: str | None, num_bundles: int) -> bool:
     # "local" starts a private cluster: with no address, Ray would join whatever cluster last started here.
     ray.init(
         address="local",
+        _temp_dir=short_temp_dir(),
         num_cpus=max(os.cpu_count() or 1, num_bundles),
         include_dashboard=False,
         runtime_env=env,
@@ -71,6 +74,15 @@ def connect(address: str | None, num_bundles: int) -> bool:
         configure_logging=False,
     )
     return True
+
+
+def short_temp_dir() -> str:
+    """Ray's unix sockets live under its temp folder and a socket path may not exceed 107 bytes; a scheduler's
+    TMPDIR (an Iris task's) can be longer. Then use a fresh folder under /tmp, as the gang bootstrap does."""
+    default = tempfile.gettempdir()
+    if len(default) <= SHORT_TEMP_DIR:
+        return default
+    return tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
 
 
 class EngineActor:

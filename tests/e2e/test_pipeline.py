@@ -314,3 +314,16 @@ def test_a_hostile_experiment_path_runs_nothing_but_the_build(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr[-3000:]
     assert (storage / "tiny-addition" / f"{target}.identity.json").is_file()
     assert not list(tmp_path.rglob("PWNED")) and not (REPO / "PWNED").exists()
+
+
+def test_status_reports_every_artifact_of_a_completed_run_done(pipeline: Pipeline) -> None:
+    argv = [sys.executable, "-m", "rlbuild", "status", "--experiment", str(pipeline.experiment)]
+    argv += ["--storage-root", str(pipeline.storage), "--version", VERSION]
+    result = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120, check=True, cwd=REPO)
+    document = json.loads(result.stdout)
+    kinds = document["versions"][VERSION]
+    assert list(kinds) == ["base_model", "stage_model", "stage_data", "launch", "train", "export", "eval"]
+    assert {kind: entry["state"] for kind, entry in kinds.items()} == dict.fromkeys(kinds, "done")
+    assert document["experiment"] == "tiny-addition" and document["verdict"] == "done"
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True, cwd=REPO).stdout
+    assert text.count(" done ") == 7 and text.rstrip().endswith("verdict: done"), text

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from rlbuild.jobenv import RAY_PORT_NAMES
 from tests.iris.conftest import (
     REPO,
     S3,
@@ -91,10 +93,41 @@ def test_impossible_gang_fails_with_a_clear_message_within_the_scheduling_timeou
     assert "Scheduling timeout exceeded" in out
 
 
-def test_ctrl_c_cancels_the_iris_job(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+def test_ctrl_c_leaves_a_running_gang_running_by_default(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+    from iris.cluster.types import JobName
+
     workdir = workflow_copy(tmp_path)
     log = tmp_path / "snakemake.log"
     argv = ["--executor", "iris", "--jobs", "2", *fast_flags(), "--config", "sleep=120"]
+    process = start_snakemake(argv, workdir, snakemake_env(iris, tmp_path / "home"), log)
+    try:
+        job = wait_for(lambda: submitted_job(log), 120, "the gang's submission")
+        wait_for(lambda: job_state(iris_client, job) == "running", 60, "the gang to run")
+        process.send_signal(signal.SIGINT)
+        process.wait(60)
+        time.sleep(3)
+        assert job_state(iris_client, job) == "running"  # no work lost: the gang trains on
+        assert f"Left Iris gang {job} running" in log.read_text() and f"iris job cancel {job}" in log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        iris_client.cancel_job(JobName.from_wire(job))
+
+
+def test_ctrl_c_cancels_the_iris_job_when_asked_to(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+    workdir = workflow_copy(tmp_path)
+    log = tmp_path / "snakemake.log"
+    argv = [
+        "--executor",
+        "iris",
+        "--jobs",
+        "2",
+        *fast_flags(),
+        "--iris-on-interrupt",
+        "cancel",
+        "--config",
+        "sleep=120",
+    ]
     process = start_snakemake(argv, workdir, snakemake_env(iris, tmp_path / "home"), log)
     try:
         job = wait_for(lambda: submitted_job(log), 120, "the gang's submission")
@@ -161,3 +194,30 @@ def test_snakemake_retries_of_a_gang_are_refused(iris: LocalIris, tmp_path: Path
     code, out = run_snakemake(["--executor", "iris", "--jobs", "1"], tmp_path, snakemake_env(iris, tmp_path / "h"), 120)
     assert code != 0
     assert "retries of rule gang=2: gangs are retried by Iris as a whole" in out
+
+
+def test_a_gang_that_cannot_succeed_on_retry_is_not_retried(iris: LocalIris, iris_client, tmp_path: Path) -> None:
+    """A runtime digest mismatch would fail every attempt: the task exits 3 and cancels its own job."""
+    from iris.cluster.types import JobName
+
+    from rlbuild import runtime
+    from snakemake_executor_plugin_iris.client import Iris, Submission
+    from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, shell
+    from tests.launches import write_test_launch
+
+    launch = write_test_launch(tmp_path)
+    launch.write_text(launch.read_text().replace(runtime.source_digest(), "feed" * 16))
+    defaults = Defaults(cpu=2, memory="4GB", disk="4GB", priority="interactive", max_retries=2, coschedule="leafgroup")
+    place = placement({"gpu_nodes": 1, "gpus_per_node": 1, "gpu_variant": "cpu"}, 1, defaults)
+    command = gang_command(sys.executable, 1, "g", "true", str(launch), None, 60)
+    client = Iris(iris.url)
+    try:
+        env = {"PATH": os.environ["PATH"]}
+        sub = Submission(shell(str(REPO), command), env, list(RAY_PORT_NAMES), 120, "cpu")
+        job, _ = client.submit(f"mismatch-{tmp_path.name[-12:]}", place, sub)
+    finally:
+        client.close()
+    wait_for(lambda: job_state(iris_client, job.to_wire()) == "killed", 120, "the job to be cancelled, not retried")
+    assert iris_client.job_status(JobName.from_wire(job.to_wire())).failure_count == 0
+    logs = "\n".join(e.data for e in iris_client.job(job).logs())
+    assert "error (not retryable)" in logs and "a retry would fail the same way" in logs, logs[-2000:]

@@ -21,7 +21,7 @@ from tests.iris.test_gang import task_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 VERSION = "2026.09.21"
-MAX_STEPS = 10
+MAX_STEPS = 20
 NAME = "iris-gang"
 SUBMITTED = re.compile(r"Submitted train to Iris as 2-node gang (\S+)")
 
@@ -48,6 +48,7 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
     iris_client,
     s3: S3,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from iris.cluster.types import JobName
 
@@ -67,6 +68,8 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
         pids = task_pids(job, 1)
         assert pids, "rank 1's bootstrap is not running"
         os.killpg(os.getpgid(pids[0]), signal.SIGKILL)  # a node is lost mid-training
+        resumed = wait_for(lambda: resumed_in_status(experiment, s3, iris, monkeypatch), 300, "status to show it")
+        assert resumed["state"] == "running" and resumed["ladder"]["gang"]["attempt"] >= 1, resumed
         assert process.wait(420) == 0, log.read_text()[-5000:]
     finally:
         if process.poll() is None:
@@ -82,6 +85,27 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
     assert status.failure_count == 1
     logs = "\n".join(e.data for e in iris_client.job(JobName.from_wire(job)).logs())
     assert re.search(r"\[trainer\] resumed from \S+ at step [1-9]", logs), logs[-3000:]
+
+
+def resumed_in_status(experiment: Path, s3: S3, iris: LocalIris, monkeypatch: pytest.MonkeyPatch) -> dict | None:
+    """The train entry of `rlbuild status` once it shows the restart and "resumed from step N", before the end."""
+    from rlbuild.spec import load_experiment
+    from rlbuild.status import Options, gather
+    from rlbuild.statusview import format_status
+
+    for name, value in s3.env.items():
+        if name.startswith("SNAKEMAKE_STORAGE_S3_"):
+            monkeypatch.setenv(name, value)
+    document = gather(load_experiment(experiment), [VERSION], f"s3://{s3.bucket}/p", None, Options(iris_url=iris.url))
+    train = document["versions"][VERSION]["train"]
+    ladder = train.get("ladder") or {}
+    if train["state"] == "done":
+        raise AssertionError("training finished before status showed the resume")
+    if ladder.get("trainer_starts", 0) >= 2 and (ladder.get("resumed_from") or 0) >= 1:
+        text = format_status(document)
+        assert f"resumed    from step {ladder['resumed_from']}" in text and "restarts   1" in text, text
+        return train
+    return None
 
 
 def _read(s3: S3, key: str) -> str | None:

@@ -11,8 +11,9 @@ import pytest
 from iris.client import JobState
 
 from rlbuild import runtime
-from rlbuild.gang import RuntimeMismatchError, check_runtime
+from rlbuild.gang import EXIT_NOT_RETRYABLE, RuntimeMismatchError, check_runtime
 from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
+from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
@@ -41,7 +42,10 @@ def test_gang_placement_is_whole_nodes_with_rule_overrides() -> None:
     single = placement({**GANG, "gpu_nodes": 1}, 1, DEFAULTS)
     assert single.coschedule is None and single.is_gang
     cpu_gang = placement({**GANG, "gpu_variant": "cpu"}, 1, DEFAULTS)
-    assert cpu_gang.gpu_variant is None and cpu_gang.replicas == 2
+    assert cpu_gang.gpu_variant is None and cpu_gang.replicas == 2 and cpu_gang.is_gang
+    # The embedded default's train job: one CPU node is still a gang (the bootstrap starts its Ray).
+    one_cpu_node = placement({"gpu_nodes": 1, "gpus_per_node": 1, "gpu_variant": "cpu"}, 1, DEFAULTS)
+    assert one_cpu_node.is_gang and one_cpu_node.replicas == 1 and one_cpu_node.coschedule is None
 
 
 def test_cpu_placement_uses_threads_and_snakemake_memory() -> None:
@@ -160,7 +164,7 @@ def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp
         timeout=120,
         env=env,
     )
-    assert result.returncode == 2
+    assert result.returncode == EXIT_NOT_RETRYABLE  # Iris must not retry it (test_gang: the job is cancelled)
     assert f"this node runs runtime source digest {runtime.source_digest()}" in result.stderr
     assert f"was planned for {planned}" in result.stderr and "Run the job from the checkout" in result.stderr
     assert not (tmp_path / "rdv").exists(), "nothing may start (no Ray head, no rendezvous) on a mismatched node"
@@ -174,3 +178,29 @@ def test_a_node_without_the_experiments_env_fails_naming_the_variable(tmp_path: 
     message = str(caught.value)
     assert "NCCL_P2P_DISABLE='0'" in message and "NCCL_DEBUG unset" in message
     assert "asks for NCCL_DEBUG='WARN', NCCL_P2P_DISABLE='1'" in message
+
+
+def test_executor_settings_are_checked_at_start_with_every_problem_named() -> None:
+    ExecutorSettings(controller_url="http://127.0.0.1:1", rules="train,export", env="MY_VAR")  # valid: no error
+    with pytest.raises(IrisSettingError) as raised:
+        ExecutorSettings(
+            controller_url="http://127.0.0.1:1",
+            node_memory="lots",
+            max_retries=-1,
+            rules="train;eval",
+            env="AWS_SECRET_ACCESS_KEY,OK_NAME,1BAD",
+            on_interrupt="ignore",
+        )
+    text = str(raised.value)
+    for named in ("--iris-node-memory='lots'", "--iris-max-retries=-1", "--iris-rules='train;eval'"):
+        assert named in text
+    assert "AWS_SECRET_ACCESS_KEY" in text and "1BAD" in text and "OK_NAME" not in text.split("--iris-env")[1]
+    assert "--iris-on-interrupt='ignore': choose one of keep, cancel" in text
+
+
+def test_submit_puts_the_experiment_into_the_one_config_snakemake_keeps() -> None:
+    from rlbuild.cli import with_config
+
+    assert with_config(["--cores", "2"], "experiment=x") == ["--cores", "2", "--config", "experiment=x"]
+    merged = with_config(["--config", "a=1", "--jobs", "2", "--config", "versions=['v']"], "experiment=x")
+    assert merged == ["--config", "a=1", "--jobs", "2", "--config", "experiment=x", "versions=['v']"]

@@ -10,8 +10,9 @@ from typing import Optional
 
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
+from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.executor import Executor
-from snakemake_executor_plugin_iris.requests import PRIORITIES
+from snakemake_executor_plugin_iris.requests import ON_INTERRUPT, PRIORITIES, setting_problems
 
 __all__ = ["Executor", "ExecutorSettings", "common_settings"]
 
@@ -103,9 +104,21 @@ class ExecutorSettings(ExecutorSettingsBase):
         ),
     )
     log_tail: int = field(default=40, metadata=_help("lines of each task's log shown when a job fails"))
+    on_interrupt: str = field(
+        default="keep",
+        metadata=_help(
+            "what Ctrl-C (Snakemake stopping) does to running gangs: keep (default: they train on and write their "
+            "outputs; the next run adopts them) or cancel (Iris kills them; work since the last checkpoint is lost)",
+            choices=list(ON_INTERRUPT),
+        ),
+    )
 
     def __post_init__(self) -> None:
-        # Settings are parsed on every start, dry runs included (which never reach the executor itself).
+        # Settings are parsed on every start, dry runs included (which never reach the executor itself): every
+        # problem is reported at once, before anything is submitted.
+        problems = setting_problems(self)
+        if problems:
+            raise IrisSettingError("iris settings", "; ".join(problems), "fix these executor settings (--iris-*)")
         if not self.controller_url and not self.cluster:
             print(
                 "iris: no controller configured: set SNAKEMAKE_IRIS_CONTROLLER_URL (or SNAKEMAKE_IRIS_CLUSTER); "

@@ -9,6 +9,7 @@ import httpx
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from iris.client import IrisClient, JobAlreadyExists, JobState, JobStatus, TaskStatus
+from iris.client.client import get_iris_ctx
 from iris.cluster.client.job_info import resolve_job_user
 from iris.cluster.constraints import Constraint, ConstraintOp
 from iris.cluster.types import CoschedulingConfig, Entrypoint, EnvironmentSpec, JobName, ResourceSpec, gpu_device
@@ -41,6 +42,11 @@ class Iris:
         self.client = IrisClient.remote(self.url)
 
     def job_id(self, name: str) -> JobName:
+        """Where Iris puts a job of this name: a child of the job we run in (a coordinator submitted by `rlbuild
+        submit`, so cancelling it cancels its jobs), else a root job of this user."""
+        context = get_iris_ctx()
+        if context is not None and context.job_id is not None:
+            return context.job_id.child(name)
         return JobName.root(resolve_job_user(), name)
 
     def find_active(self, name: str) -> JobName | None:
@@ -60,7 +66,8 @@ class Iris:
         if found is not None:
             return found, True
         device = gpu_device(place.gpu_variant, place.gpus_per_node) if place.gpu_variant else None
-        constraints = None
+        # An explicit list, also when empty: inside a coordinator, None would inherit its (CPU pool) constraints.
+        constraints = []
         if sub.cpu_pool and place.gpu_variant is None:
             constraints = [Constraint.create(key="pool", op=ConstraintOp.EQ, value=sub.cpu_pool)]
         try:

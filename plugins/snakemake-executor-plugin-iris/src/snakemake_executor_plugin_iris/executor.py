@@ -18,6 +18,7 @@ from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
 from rlbuild.jobenv import RAY_PORT_NAMES
+from rlbuild.jobstate import SchedulerUnavailableError, iris_states
 from rlbuild.redact import redact_text
 from snakemake_executor_plugin_iris.errors import IrisSettingError, IrisSubmitError
 from snakemake_executor_plugin_iris.names import job_name
@@ -138,7 +139,9 @@ class Executor(RemoteExecutor):
         else:
             self.logger.info(f"Submitted {job.name} to Iris as {what} {job_id.to_wire()}")
         self.report_job_submission(
-            SubmittedJobInfo(job, external_jobid=job_id.to_wire(), aux={"job_id": job_id, "name": name})
+            SubmittedJobInfo(
+                job, external_jobid=job_id.to_wire(), aux={"job_id": job_id, "name": name, "gang": place.is_gang}
+            )
         )
 
     def _rendezvous_root(self) -> str:
@@ -164,49 +167,84 @@ class Executor(RemoteExecutor):
     # Status
 
     async def check_active_jobs(self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
+        remote = [info for info in active_jobs if "process" not in info.aux]
         for info in active_jobs:
             if "process" in info.aux:
-                code = info.aux["process"].poll()
-                if code is None:
-                    yield info
-                elif code == 0:
-                    forget_directory_probes(info.job)
-                    self.report_job_success(info)
-                else:
-                    log = info.aux["log"]
-                    self.report_job_error(info, msg=f"local job exited with code {code}; log {log}", aux_logs=[log])
-                continue
-            async with self.status_rate_limiter:
-                state = await asyncio.to_thread(self.iris.state, info.aux["job_id"])
-            result = outcome(state)
+                local = self._local_outcome(info)
+                if local is not None:
+                    yield local
+        states = await self._states(remote)
+        for info in remote:
+            wire = info.aux["job_id"].to_wire()
+            state = states.get(wire) if states is not None else "running"  # no answer: ask again next round
+            result = outcome(state) if state is not None else Outcome.FAILED
             if result is Outcome.RUNNING:
                 yield info
             elif result is Outcome.SUCCEEDED:
                 forget_directory_probes(info.job)
                 self.report_job_success(info)
             else:
-                await asyncio.sleep(LOG_LAG_S)
-                async with self.status_rate_limiter:
-                    summary, logs = await asyncio.to_thread(
-                        self.iris.failure_report, info.aux["job_id"], self.settings.log_tail
-                    )
-                self.log_dir.mkdir(parents=True, exist_ok=True)
-                path = self.log_dir / f"{info.aux['name']}.log"
-                summary, logs = redact_text(summary), redact_text(logs)
-                path.write_text(f"{summary}\n{logs}\n")
-                self.report_job_error(info, msg=f"{summary}\n{logs}", aux_logs=[str(path)])
+                await self._report_failure(info)
         if self.settings.status_interval is not None:
             self.next_seconds_between_status_checks = self.settings.status_interval
+
+    async def _states(self, remote: list[SubmittedJobInfo]) -> dict[str, str] | None:
+        """Every active Iris job's state in one call (GetJobState takes a list, as one sacct serves the Slurm
+        plugin); None when the controller did not answer (a restart): the jobs are asked about again next round."""
+        if not remote:
+            return {}
+        async with self.status_rate_limiter:
+            try:
+                return await asyncio.to_thread(iris_states, self.iris.url, [i.aux["job_id"].to_wire() for i in remote])
+            except SchedulerUnavailableError as error:
+                self.logger.warning(f"{error}; retrying at the next status check")
+                return None
+
+    def _local_outcome(self, info: SubmittedJobInfo) -> SubmittedJobInfo | None:
+        """The job itself while its local process runs; None once it ended (and was reported)."""
+        code = info.aux["process"].poll()
+        if code is None:
+            return info
+        if code == 0:
+            forget_directory_probes(info.job)
+            self.report_job_success(info)
+        else:
+            log = info.aux["log"]
+            self.report_job_error(info, msg=f"local job exited with code {code}; log {log}", aux_logs=[log])
+        return None
+
+    async def _report_failure(self, info: SubmittedJobInfo) -> None:
+        await asyncio.sleep(LOG_LAG_S)
+        async with self.status_rate_limiter:
+            summary, logs = await asyncio.to_thread(
+                self.iris.failure_report, info.aux["job_id"], self.settings.log_tail
+            )
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"{info.aux['name']}.log"
+        summary, logs = redact_text(summary), redact_text(logs)
+        path.write_text(f"{summary}\n{logs}\n")
+        self.report_job_error(info, msg=f"{summary}\n{logs}", aux_logs=[str(path)])
 
     # Cancellation
 
     def cancel_jobs(self, active_jobs: list[SubmittedJobInfo]) -> None:
+        """Snakemake stops (Ctrl-C): local jobs stop; Iris jobs are cancelled, except running gangs under
+        `--iris-on-interrupt keep` (the default), which train on and write their outputs; a later run adopts them."""
+        kept = []
         for info in active_jobs:
             if "process" in info.aux:
                 _kill_group(info.aux["process"])
+            elif info.aux.get("gang") and self.settings.on_interrupt == "keep":
+                kept.append(info.external_jobid)
             else:
                 self.iris.cancel(info.aux["job_id"])
                 self.logger.info(f"Cancelled Iris job {info.external_jobid}")
+        for job in kept:
+            self.logger.warning(
+                f"Left Iris gang {job} running (--iris-on-interrupt keep): it keeps training and writes its outputs; "
+                f"run the same snakemake command again to follow it, or stop it with `iris job cancel {job}` "
+                "(or `rlbuild cancel`). --iris-on-interrupt cancel stops gangs on Ctrl-C instead."
+            )
 
     def shutdown(self) -> None:
         super().shutdown()

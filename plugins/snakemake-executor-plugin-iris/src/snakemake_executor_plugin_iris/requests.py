@@ -6,11 +6,14 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rlbuild.jobenv import forwarded, refused_names
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 
 PRIORITIES = ("production", "interactive", "batch")
+ON_INTERRUPT = ("keep", "cancel")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*([KMGTP]i?B?)?\s*$", re.IGNORECASE)
 
 
@@ -27,10 +30,9 @@ class Placement:
     priority: str
     max_retries: int
     coschedule: str | None
-
-    @property
-    def is_gang(self) -> bool:
-        return self.gpu_variant is not None or self.replicas > 1
+    # The rule declared `gpu_nodes`: its tasks run the gang bootstrap (Ray under a short socket folder, the
+    # runtime-digest check), also for one node and for CPU "GPUs" (the embedded default).
+    is_gang: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ def placement(resources: Mapping[str, object], threads: int, defaults: Defaults)
         priority=priority("resources.iris_priority", resources.get("iris_priority", defaults.priority)),
         max_retries=retries,
         coschedule=defaults.coschedule if gang and nodes > 1 else None,
+        is_gang=gang,
     )
 
 
@@ -137,3 +140,32 @@ def gang_command(
     if rendezvous_root:
         argv += ["--rendezvous-root", rendezvous_root]
     return " ".join(shlex.quote(a) for a in [*argv, "--", "bash", "-c", step])
+
+
+def setting_problems(settings: Any) -> list[str]:
+    """Every plugin setting that cannot work, as `--iris-<name>=<value>: <fix>` (ExecutorSettings.__post_init__)."""
+    problems = []
+    for name in ("node_memory", "node_disk"):
+        if not _SIZE.match(str(getattr(settings, name))):
+            problems.append(f"--iris-{name.replace('_', '-')}={getattr(settings, name)!r}: give a size such as '512GB'")
+    for name in ("node_cpu", "scheduling_timeout", "join_timeout", "log_tail"):
+        if not getattr(settings, name) > 0:
+            problems.append(f"--iris-{name.replace('_', '-')}={getattr(settings, name)!r}: must be greater than 0")
+    if settings.max_retries < 0:
+        problems.append(f"--iris-max-retries={settings.max_retries!r}: use 0 or more")
+    if str(settings.priority).lower() not in PRIORITIES:
+        problems.append(f"--iris-priority={settings.priority!r}: choose one of {', '.join(PRIORITIES)}")
+    if settings.on_interrupt not in ON_INTERRUPT:
+        problems.append(f"--iris-on-interrupt={settings.on_interrupt!r}: choose one of {', '.join(ON_INTERRUPT)}")
+    rules = [n for n in re.split(r"[,\s]+", settings.rules or "") if n]
+    bad_rules = [n for n in rules if not _NAME.match(n)]
+    if bad_rules or (settings.rules is not None and not rules):
+        problems.append(f"--iris-rules={settings.rules!r}: give comma-separated rule names, e.g. train,export,eval")
+    names = [n for n in re.split(r"[,\s]+", settings.env or "") if n]
+    bad = [n for n in names if not _NAME.match(n)] + refused_names(names)
+    if bad:
+        problems.append(
+            f"--iris-env names {bad}: give environment variable names; AWS_*/R2_* are never forwarded "
+            "(the cluster injects storage credentials)"
+        )
+    return problems

@@ -1,0 +1,67 @@
+"""`rlbuild status` as a person reads it: one line per artifact, the ladder under a running or failed train."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LADDER_TAIL = 8
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def format_status(document: dict[str, Any]) -> str:
+    lines = [f"experiment {document['experiment']} in {document['storage_root']}"]
+    for coordinator in document.get("coordinators", []):
+        state = coordinator.get("job_state") or f"state unknown: {coordinator.get('job_state_note')}"
+        lines.append(f"coordinator Iris job {coordinator['job']}: {state}")
+    for version, kinds in document["versions"].items():
+        lines.append(f"v{version}")
+        if "error" in kinds:
+            lines.append(f"  cannot resolve: {kinds['error']}")
+            continue
+        for kind, entry in kinds.items():
+            note = entry.get("verdict") if entry["state"] in ("running", "failed") else None
+            lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry['uri']}")
+            if entry.get("changed"):
+                lines.append(f"    configuration changed: {', '.join(entry['changed'])}")
+            if entry.get("holder_text"):
+                lines.append(f"    held by {entry['holder_text']}")
+            if "ladder" in entry and entry["state"] in ("running", "failed"):
+                lines += ladder_lines(entry["ladder"])
+    lines.append(f"verdict: {document['verdict']}")
+    return "\n".join(lines)
+
+
+def ladder_lines(ladder: dict[str, Any]) -> list[str]:
+    """Seed 003's ladder, top (the scheduler) to bottom (checkpoints), then the failure's tail."""
+    lines: list[str] = []
+    gang = ladder.get("gang")
+    if gang:
+        state = gang.get("job_state") or f"unknown ({gang.get('job_state_note')})"
+        lines.append(f"    job        {gang.get('scheduler')} {gang.get('job')}: {state}, attempt {gang['attempt']}")
+        expected = gang["nodes_expected"]
+        lines.append(f"    inputs     workers materialised: ranks {gang['ranks_with_inputs'] or 'none'}")
+        lines.append(f"    ray        nodes alive {len(gang['nodes_alive'])}/{expected}")
+    rate = ladder.get("rollout_tokens_per_s")
+    lines.append(f"    engines    {f'{rate:g} tokens/s over the last steps' if rate else 'no rollout yet'}")
+    if ladder.get("resumed_from") is not None:
+        lines.append(f"    resumed    from step {ladder['resumed_from']}")
+    age = ladder.get("last_step_age_s")
+    lines.append(
+        f"    steps      {ladder.get('last_step')}/{ladder['max_steps']}, last {_clock(age)} ago, "
+        f"{ladder.get('steps_per_min') or '?'} steps/min, ETA {_clock(ladder.get('eta_s'))}"
+    )
+    lines.append(f"    checkpoint {ladder.get('last_checkpoint')}")
+    attempt = ladder.get("attempt") or {}
+    restarts = max(ladder.get("trainer_starts", 0) - 1, 0)
+    lines.append(f"    restarts   {restarts} (trainer starts: {ladder.get('trainer_starts', 0)})")
+    if attempt.get("exit_code") not in (None, 0):
+        lines.append(f"    last attempt {attempt['id']} exited with code {attempt['exit_code']}:")
+        lines += [f"      {line}" for line in attempt["tail"][-LADDER_TAIL:]]
+    return lines

@@ -1,0 +1,101 @@
+"""`rlbuild status` on real local runs: a training that advances, then a paused trainer reported as stalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlbuild import storage
+from tests.conftest import REPO
+from tests.e2e.test_pipeline import VERSION, small_experiment
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def status(experiment: Path, storage_root: Path, *extra: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "rlbuild", "status", "--json", "--experiment", str(experiment)]
+    argv += ["--storage-root", str(storage_root), "--version", VERSION, *extra]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def train_entry(document: dict[str, Any]) -> dict[str, Any]:
+    return document["versions"][VERSION]["train"]
+
+
+def wait_for(predicate, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_status_follows_a_training_and_reports_a_paused_trainer_as_stalled(tmp_path: Path) -> None:
+    experiment = small_experiment(tmp_path, max_steps=400, name="watched")
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
+    argv += ["--config", f"experiment={experiment}", f"storage_root={results}", f"versions=['{VERSION}']"]
+    argv += ["--", f"train/v{VERSION}/terminal.json"]
+    process = subprocess.Popen(
+        argv, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    trainer = None
+    try:
+
+        def stepping(at_least: int) -> dict[str, Any] | None:
+            entry = train_entry(status(experiment, results))
+            step = (entry.get("ladder") or {}).get("last_step") or 0
+            return entry if entry["state"] == "running" and step >= at_least else None
+
+        first = wait_for(lambda: stepping(1), 400, "a running train with a step")
+        assert first["verdict"] == "healthy", first
+        assert first["holder"]["pid"], first  # the lease names the run building it
+        later = wait_for(lambda: stepping(first["ladder"]["last_step"] + 2), 120, "the step to advance")
+        assert later["ladder"]["steps_per_min"] > 0 and later["ladder"]["eta_s"] > 0
+        root = results / "watched" / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "attempts"
+        trainer = int(json.loads((root / "progress.json").read_text())["pid"])
+        os.kill(trainer, signal.SIGSTOP)  # the trainer hangs: no more steps, the run's lease still heartbeats
+        time.sleep(8)
+        stalled = train_entry(status(experiment, results, "--stall-after", "3"))
+        assert stalled["state"] == "running"
+        assert stalled["verdict"].startswith("stalled: no step for ") and " min " in stalled["verdict"], stalled
+        text = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlbuild",
+                "status",
+                "--experiment",
+                str(experiment),
+                "--storage-root",
+                str(results),
+                "--version",
+                VERSION,
+                "--stall-after",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            cwd=REPO,
+        ).stdout
+        assert "verdict: stalled: no step for" in text and "steps      " in text, text
+    finally:
+        if trainer is not None:
+            os.kill(trainer, signal.SIGCONT)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert storage.exists(str(results / "watched" / "train" / f"v{VERSION}.identity.json")) is False

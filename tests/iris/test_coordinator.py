@@ -1,0 +1,104 @@
+"""The detached coordinator on a real local Iris cluster with S3 (moto): `rlbuild submit` returns at once, the
+default graph (one CPU node: a one-node gang) completes inside the cluster, `rlbuild status` follows it (a
+running train whose step advances, then every artifact done), and a second submission finds the first."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlbuild.spec import load_experiment
+from rlbuild.status import Options, gather
+from tests.conftest import EXPERIMENTS
+from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, wait_for
+from tests.iris.local_cluster import LocalIris
+from tests.iris.test_gang import job_state
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+VERSION = "2026.09.21"
+SUBMITTED = re.compile(r"(submitted as|is already running as) Iris job (\S+)")
+
+
+def detached_experiment(folder: Path, name: str = "detached", max_steps: int = 120) -> Path:
+    doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    doc["name"] = name
+    doc["recipe"]["trainer"].update({"max_steps": max_steps, "ckpt_interval": 40, "eval_interval": -1})
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def submit(experiment: Path, env: dict[str, str], *targets: str) -> tuple[str, str]:
+    argv = [sys.executable, "-m", "rlbuild", "submit", *targets, "--experiment", str(experiment), "--cpu-pool", "cpu"]
+    argv += ["--", *fast_flags(), "--config", f"versions=['{VERSION}']"]
+    result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = SUBMITTED.search(result.stdout)
+    assert match, result.stdout
+    return match.group(1), match.group(2)
+
+
+def test_a_detached_run_completes_after_the_submitter_exits_and_status_follows_it(
+    iris: LocalIris, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    experiment = detached_experiment(tmp_path)
+    env = snakemake_env(iris, tmp_path / "home", {**s3.env, "RLBUILD_BUCKET": s3.bucket, "RLBUILD_PREFIX": "p"})
+    for name, value in s3.env.items():
+        if name.startswith("SNAKEMAKE_STORAGE_S3_"):
+            monkeypatch.setenv(name, value)
+    verb, job = submit(experiment, env)  # the submitting process has exited here
+    assert verb == "submitted as"
+    assert submit(experiment, env) == ("is already running as", job)  # found, not started again
+    spec, options = load_experiment(experiment), Options(iris_url=iris.url)
+
+    def status() -> dict[str, Any]:
+        return gather(spec, [VERSION], f"s3://{s3.bucket}/p", None, options)
+
+    def train_at(at_least: int) -> dict[str, Any] | None:
+        document = status()
+        train = document["versions"][VERSION]["train"]
+        step = (train.get("ladder") or {}).get("last_step") or 0
+        return document if train["state"] == "running" and step >= at_least else None
+
+    first = wait_for(lambda: train_at(1), 600, "a running train", poll=1)
+    assert first["coordinators"][0]["job"] == job and first["coordinators"][0]["job_state"] == "running"
+    ladder = first["versions"][VERSION]["train"]["ladder"]
+    assert ladder["gang"]["job_state"] == "running" and ladder["gang"]["nodes_expected"] == 1
+    wait_for(lambda: train_at(ladder["last_step"] + 1), 120, "the step to advance", poll=1)
+    done = wait_for(lambda: (d := status())["verdict"] == "done" and d, 600, "every artifact done", poll=3)
+    assert {kind: e["state"] for kind, e in done["versions"][VERSION].items()} == {
+        kind: "done" for kind in ("base_model", "stage_model", "stage_data", "launch", "train", "export", "eval")
+    }
+    wait_for(lambda: status()["coordinators"][0]["job_state"] == "succeeded", 120, "the coordinator to succeed")
+
+
+def test_cancel_stops_the_coordinator_and_its_jobs(
+    iris: LocalIris, iris_client, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    experiment = detached_experiment(tmp_path, name="cancelled", max_steps=5000)
+    env = snakemake_env(iris, tmp_path / "home", {**s3.env, "RLBUILD_BUCKET": s3.bucket, "RLBUILD_PREFIX": "p"})
+    for name, value in s3.env.items():
+        if name.startswith("SNAKEMAKE_STORAGE_S3_"):
+            monkeypatch.setenv(name, value)
+    target = f"train/v{VERSION}/terminal.json"
+    _, coordinator = submit(experiment, env, target)
+    spec, options = load_experiment(experiment), Options(iris_url=iris.url)
+
+    def training_gang() -> str | None:
+        train = gather(spec, [VERSION], f"s3://{s3.bucket}/p", None, options)["versions"][VERSION]["train"]
+        gang = (train.get("ladder") or {}).get("gang") or {}
+        return gang.get("job") if gang.get("job_state") == "running" else None
+
+    gang = wait_for(training_gang, 600, "the coordinator's train gang to run", poll=2)
+    argv = [sys.executable, "-m", "rlbuild", "cancel", target, "--experiment", str(experiment)]
+    result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0 and f"cancelled Iris job {coordinator}" in result.stdout, result.stderr
+    assert gang.startswith(f"{coordinator}/"), gang  # the gang is the coordinator's child
+    for job in (coordinator, gang):
+        wait_for(lambda job=job: job_state(iris_client, job) == "killed", 60, f"{job} to be killed")
