@@ -19,6 +19,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         manifest = loop.run(load_launch(str(args.launch)), args.terminal, args.allow_retrain)
+        continuation.finished()
     except continuation.ToBeContinued as stopped:
         print(f"[trainer] {stopped}", flush=True)
         return stopped.exit_code

@@ -49,6 +49,12 @@ def listen() -> None:
     signal.signal(signal.SIGTERM, _on_interrupt)
 
 
+def finished() -> None:
+    """The run is complete: a wall-clock warning that arrives now is moot. Ignored, not handled, because an
+    interpreter shutting down restores the default action of a handled signal, and SIGUSR1's default kills."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def requested() -> tuple[str, int] | None:
     """Why training should stop after this step and the exit code that says so, else None."""
     signalled, deadline, interrupted = _state["signalled_at"], _state["deadline"], _state["interrupted_at"]
