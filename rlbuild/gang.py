@@ -13,7 +13,6 @@ fails (or restarts) the whole gang.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -28,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlbuild import storage
+from rlbuild import interrupts, storage
 from rlbuild.errors import RlbuildError
 from rlbuild.jobenv import RAY_PORT_NAMES
 from rlbuild.jobstate import SchedulerUnavailableError, iris_terminate
@@ -45,7 +44,6 @@ SLURM_PORT_BASE = 15000
 SLURM_PORT_BAND = 500
 SLURM_PORT_BANDS = 10
 RAY_STOP_GRACE_S = 10.0
-PR_SET_PDEATHSIG = 1
 EXIT_NOT_RETRYABLE = 3
 WARNING_SIGNAL = signal.SIGUSR1  # Slurm's `--signal=USR1@<lead>`
 
@@ -102,7 +100,8 @@ class RayNode:
         else:
             argv.append(f"--address={head_address}")
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        self.process = subprocess.Popen(argv, env=env, stdout=sys.stderr, stderr=sys.stderr, preexec_fn=die_with_parent)
+        preexec = _ray_node_child(os.getpid())
+        self.process = subprocess.Popen(argv, env=env, stdout=sys.stderr, stderr=sys.stderr, preexec_fn=preexec)
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -110,13 +109,7 @@ class RayNode:
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(RAY_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()  # its Ray daemons share its fate (PDEATHSIG)
-                self.process.wait()
+        interrupts.stop(self.process, RAY_STOP_GRACE_S)  # after a SIGKILL its Ray daemons share its fate (PDEATHSIG)
         self.process = None
 
     def logs_dir(self) -> Path | None:
@@ -131,12 +124,16 @@ class RayNode:
             time.sleep(0.2)
 
 
-def die_with_parent() -> None:
-    """In a child before exec: SIGKILL it when this bootstrap dies, so a killed rank never leaves its Ray node
-    running (Iris would not see the task end while the node holds its output open). Linux only."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    ignore_warning()
+def _ray_node_child(bootstrap: int) -> Callable[[], None]:
+    """The `ray start` child dies with this bootstrap, so a killed rank never leaves its Ray node running (Iris
+    would not see the task end while the node holds its output open), and ignores Slurm's warning."""
+    die = interrupts.die_with(bootstrap)
+
+    def preexec() -> None:
+        die()
+        ignore_warning()
+
+    return preexec
 
 
 def ignore_warning() -> None:

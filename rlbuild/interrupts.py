@@ -104,7 +104,9 @@ def stop_when_snakemake_dies(poll_s: float = SNAKEMAKE_POLL_S) -> None:
     threading.Thread(target=watch, name="rlbuild-snakemake-watch", daemon=True).start()
 
 
-def _die_with(parent: int) -> Callable[[], None]:
+def die_with(parent: int) -> Callable[[], None]:
+    """A child's pre-exec step: SIGKILL it when `parent` (the pid that starts it) dies. Linux only."""
+
     def preexec() -> None:
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -116,7 +118,7 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 def start_child(argv: Sequence[str], **options: Any) -> subprocess.Popen[str]:
     """A child in a session of its own that dies with this process."""
-    return subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_die_with(os.getpid()), **options)
+    return subprocess.Popen(list(argv), start_new_session=True, preexec_fn=die_with(os.getpid()), **options)
 
 
 def run_child(argv: Sequence[str]) -> int:
@@ -129,7 +131,8 @@ def run_child(argv: Sequence[str]) -> int:
         raise
 
 
-def stop(child: subprocess.Popen[str], grace_s: float = 30.0) -> None:
+def stop(child: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """SIGTERM, `grace_s` to exit, then SIGKILL."""
     if child.poll() is None:
         child.terminate()
         try:

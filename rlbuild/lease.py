@@ -5,9 +5,9 @@ create-if-absent (S3 `If-None-Match: *`, a hard link locally), refreshes it ever
 conditional overwrite (S3 `If-Match` on the ETag it holds), and deletes it when the run ends. A second run that
 finds a lease refuses, naming who holds it; a lease whose heartbeat is older than STALE_S (its holder died) is
 taken over with the same conditional overwrite, and the takeover is logged. A lease whose holder ran on this very
-machine (same host and boot) and whose process is gone (killed with SIGKILL) is taken over
-at once: waiting out the heartbeat would only delay the rerun a person typed after the kill. The identity record
-written last by the build, not the lease, is what says an artifact is complete.
+machine (same host and boot) and whose process is gone (killed with SIGKILL) is taken over at once: waiting out
+the heartbeat would only delay the rerun a person typed after the kill. The identity record written last by the
+build, not the lease, is what says an artifact is complete.
 """
 
 from __future__ import annotations
