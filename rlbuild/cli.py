@@ -106,8 +106,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.watch and not args.json and sys.stdout.isatty():
             print("\033[2J\033[H", end="")
         print(text, flush=True)
-        if not args.watch:
-            return 0
+        if not args.watch:  # a version that cannot be resolved is bad input, as in `rlbuild check`
+            return EXIT_INVALID if any("error" in kinds for kinds in document["versions"].values()) else 0
         time.sleep(args.watch)
 
 

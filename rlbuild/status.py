@@ -78,6 +78,9 @@ def unscoped(storage_root: str, experiment: str) -> str:
 
 def overall(versions: Entry) -> str:
     """One line for the whole selection: the train's verdict where one runs or failed, else what is left."""
+    unresolved = [version for version, kinds in versions.items() if "error" in kinds]
+    if unresolved:
+        return f"invalid: version {', '.join(unresolved)} cannot be resolved (the error is above)"
     entries = [e for kinds in versions.values() for e in kinds.values() if isinstance(e, dict)]
     for word in ("failed", "stalled", "degraded", "healthy", "starting"):
         for entry in entries:

@@ -99,3 +99,11 @@ def test_status_follows_a_training_and_reports_a_paused_trainer_as_stalled(tmp_p
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     assert storage.exists(str(results / "watched" / "train" / f"v{VERSION}.identity.json")) is False
+
+
+def test_a_version_that_cannot_be_resolved_is_bad_input_not_a_verdict(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "rlbuild", "status", "--storage-root", str(tmp_path), "--version", "2026.13.40"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "month must be in 1..12" in result.stdout
+    assert "verdict: invalid: version 2026.13.40 cannot be resolved" in result.stdout
