@@ -30,6 +30,8 @@ RESULTS = "results.json"
 TABLE = "results.html"
 CURVES = "curves.png"
 SCORES = ("accuracy", "pass_at_k")
+# Train accuracy this far above held-out accuracy is memorisation, not learning (the eval results warn).
+MEMORISATION_GAP = 0.3
 
 
 class EvalError(RlbuildError):
@@ -66,13 +68,16 @@ def _series(records: Iterable[Mapping[str, Any]], field: str) -> tuple[list[floa
 
 
 def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int, warn_after: int) -> dict[str, Any]:
-    """First/last/max reward, last/best held-out accuracy, and warnings a reader must not miss.
+    """First/last/max reward, last/best held-out accuracy, the last train accuracy, and warnings a reader must not
+    miss.
 
     `warn_after` is the recipe's `trainer.zero_reward_warning_steps`: a run whose rewards were all zero for that
-    many consecutive steps (the trainer's `health/zero_reward_steps`) had no learning signal there.
+    many consecutive steps (the trainer's `health/zero_reward_steps`) had no learning signal there. A last train
+    accuracy MEMORISATION_GAP or more above the held-out one is memorisation.
     """
     _, rewards = _series(records, "reward/mean")
     eval_steps, accuracies = _series(records, "eval/accuracy")
+    _, train_accuracies = _series(records, "eval/train_accuracy")
     _, zero_streaks = _series(records, ZERO_REWARD_STEPS)
     summary: dict[str, Any] = {"metric_lines": len(records), "unreadable_lines": unreadable, "warnings": []}
     if records:
@@ -82,6 +87,14 @@ def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int, warn
     if accuracies:
         best = max(range(len(accuracies)), key=accuracies.__getitem__)
         summary["eval_accuracy"] = {"last": accuracies[-1], "best": accuracies[best], "best_step": eval_steps[best]}
+    if train_accuracies:
+        summary["train_accuracy"] = {"last": train_accuracies[-1]}
+    if accuracies and train_accuracies and train_accuracies[-1] - accuracies[-1] >= MEMORISATION_GAP:
+        summary["warnings"].append(
+            f"train accuracy {train_accuracies[-1]:.2f} against held-out {accuracies[-1]:.2f} at the last eval: the "
+            "policy memorises its training prompts instead of learning the task; use more varied train data, a "
+            'smaller model or a denser reward (trainer/README.md, "Robust recipes")'
+        )
     longest = int(max(zero_streaks, default=0))
     summary["longest_zero_reward_steps"] = longest
     if warn_after and longest >= warn_after:
@@ -117,7 +130,7 @@ def axis_limits(values: Sequence[float], min_span: float) -> tuple[float, float]
 # (metric, panel title, minimum y span): the curves the eval stage draws, row by row.
 PANELS = (
     ("reward/mean", "reward mean per step", 1.0),
-    ("eval/accuracy", "held-out accuracy", 1.0),
+    ("eval/accuracy", "accuracy: held-out and train prompts", 1.0),
     ("reward/zero_variance_groups", "groups without signal (all rewards equal)", 1.0),
     ("policy/kl", "KL(policy || reference)", 1e-3),
     ("policy/entropy", "entropy (nats per token)", 0.1),
@@ -135,12 +148,12 @@ def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, pa
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), constrained_layout=True)
     for ax, (name, panel, min_span) in zip(axes.flat, PANELS, strict=True):
         steps, values = _series(records, name)
-        shown = [*values, accuracy] if name == "eval/accuracy" and accuracy is not None else values
-        if values:
-            ax.plot(steps, values, marker="o" if name == "eval/accuracy" else None, linewidth=1.2)
-        if name == "eval/accuracy" and accuracy is not None:
-            ax.axhline(accuracy, color="tab:red", linestyle="--", label=f"export accuracy {accuracy:.3f}")
-            ax.legend(loc="lower right", fontsize="small")
+        if name == "eval/accuracy":
+            shown = _accuracy_panel(ax, records, accuracy)
+        else:
+            shown = values
+            if values:
+                ax.plot(steps, values, linewidth=1.2)
         if not shown:
             ax.text(0.5, 0.5, f"no {name} in the metrics", ha="center", va="center", transform=ax.transAxes)
         ax.set(title=panel, xlabel="step", ylim=axis_limits(shown, min_span))
@@ -151,6 +164,23 @@ def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, pa
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
     storage.write_bytes(str(path), png.getvalue())
+
+
+def _accuracy_panel(ax: Any, records: Sequence[Mapping[str, Any]], accuracy: float | None) -> list[float]:
+    """Held-out accuracy beside the accuracy on train prompts (the gap is memorisation), and the export's score;
+    returns every value drawn."""
+    shown: list[float] = []
+    for field, label, style in (("eval/accuracy", "held-out", "o-"), ("eval/train_accuracy", "train prompts", "x:")):
+        steps, values = _series(records, field)
+        if values:
+            ax.plot(steps, values, style, linewidth=1.2, label=label)
+            shown += values
+    if accuracy is not None:
+        ax.axhline(accuracy, color="tab:red", linestyle="--", label=f"export accuracy {accuracy:.3f}")
+        shown.append(accuracy)
+    if shown:
+        ax.legend(loc="lower right", fontsize="small")
+    return shown
 
 
 def _table_html(results: Mapping[str, Any]) -> str:
@@ -173,6 +203,8 @@ def _table_html(results: Mapping[str, Any]) -> str:
         rows.append(
             ("held-out accuracy last / best (step)", f"{acc['last']:.4f} / {acc['best']:.4f} ({acc['best_step']:g})")
         )
+    if "train_accuracy" in training:
+        rows.append(("train-prompt accuracy last", f"{training['train_accuracy']['last']:.4f}"))
     rows += [("warning", warning) for warning in training["warnings"]]
     body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return (

@@ -95,7 +95,7 @@ def train(
     # A fresh start (also --allow-retrain / resume_mode none) drops every earlier line; a resume keeps its past.
     metrics = MetricsWriter.for_launch(launch, kept_until=step if resume else -1)
     if step == 0 and t.eval_before_train:
-        metrics.log(0, {"eval/accuracy": held_out_accuracy(launch, roles, inputs)})
+        metrics.log(0, accuracies(launch, roles, inputs))
     while step < t.max_steps:
         step += 1
         clock = Stopwatch()
@@ -115,7 +115,7 @@ def train(
         clock.lap("sync")
         values = step_metrics(rewards, g.n_samples_per_prompt, rollouts, batch, stats, sync_error, clock)
         if _due(step, t.eval_interval, t.max_steps):
-            values["eval/accuracy"] = held_out_accuracy(launch, roles, inputs)
+            values |= accuracies(launch, roles, inputs)
         stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point
         checkpointed = _due(step, t.ckpt_interval, t.max_steps) or stop is not None
         if checkpointed:
@@ -168,19 +168,26 @@ def load_inputs(launch: LaunchDocument, cache_dir: Path) -> Inputs:
     )
 
 
-def held_out_accuracy(launch: LaunchDocument, roles: Roles, inputs: Inputs) -> float | None:
-    """Greedy exact-match accuracy on the validation rows, sampled by the run's own engines."""
+def accuracies(launch: LaunchDocument, roles: Roles, inputs: Inputs) -> dict[str, float]:
+    """Greedy exact-match accuracy on the validation rows (`eval/accuracy`) and, beside it, on as many train rows
+    (`eval/train_accuracy`), sampled by the run's own engines. A wide gap between the two is memorisation: the
+    policy answers the prompts it trains on and not the task."""
     if not inputs.validation_rows:
-        return None
-    result = evaluate.score(
+        return {}
+    score = partial(
+        evaluate.score,
         roles.generate,
         inputs.tokenizer,
-        inputs.validation_rows,
         max_tokens=launch.recipe.generator.eval_sampling_params.max_generate_length,
         seed=launch.recipe.trainer.seed,
         env_class=launch.recipe.environment.env_class,
     )
-    return float(result["accuracy"])
+    n = len(inputs.validation_rows)
+    train_sample = inputs.train_rows[:: max(len(inputs.train_rows) // n, 1)][:n]  # spread over the whole split
+    return {
+        "eval/accuracy": float(score(inputs.validation_rows)["accuracy"]),
+        "eval/train_accuracy": float(score(train_sample)["accuracy"]),
+    }
 
 
 def _due(step: int, interval: int, max_steps: int) -> bool:

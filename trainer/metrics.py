@@ -32,6 +32,7 @@ from trainer.errors import TrainerError
 PROGRESS = (
     ("reward/mean", "reward"),
     ("eval/accuracy", "held-out"),
+    ("eval/train_accuracy", "train-acc"),
     ("policy/kl", "kl"),
     ("policy/entropy", "entropy"),
     ("policy/grad_norm", "grad"),

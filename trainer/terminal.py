@@ -32,6 +32,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "steps_logged": len(steps),
         "initial_eval_accuracy": evals[0]["eval/accuracy"] if evals and evals[0]["step"] == 0 else None,
         "final_eval_accuracy": evals[-1]["eval/accuracy"] if evals else None,
+        "final_train_accuracy": evals[-1].get("eval/train_accuracy") if evals else None,
         "final_reward_mean": mean("reward/mean", tail),
         "final_frac_correct": mean("reward/frac_correct", tail),
         "final_kl": mean("policy/kl", tail),  # None when no KL was computed
