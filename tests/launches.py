@@ -75,13 +75,15 @@ def experiment_document(
     topology: dict[str, Any] | None = None,
     retention: dict[str, Any] | None = None,
     execution: dict[str, Any] | None = None,
+    model_dir: Path | None = None,
 ) -> dict[str, Any]:
     """An experiment document: the tiny default's shape, local sources under `sources`, the test batch sizes.
 
-    The task's split is revision `seed-<data_seed>` (default: the seed), the base model that of `seed`.
+    The task's split is revision `seed-<data_seed>` (default: the seed), the base model that of `seed` (or the HF
+    folder `model_dir`).
     """
     doc = yaml.safe_load((REPO / "config" / "experiments" / "tiny-addition.yaml").read_text())
-    model = f"local:{base_model_dir(seed)}"
+    model = f"local:{model_dir or base_model_dir(seed)}"
     data_seed = seed if data_seed is None else data_seed
     doc.update(name="test", seed=seed)
     doc["model"] = {"source": model, "revision": "tiny", "tokenizer": {"source": model, "revision": "tiny"}}
