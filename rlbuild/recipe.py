@@ -57,6 +57,18 @@ class Policy(_Section):
     optimizer_config: OptimizerConfig = Field(default_factory=OptimizerConfig, description="the policy's optimizer")
 
 
+class DynamicSampling(_Section):
+    type: Literal["filter"] | None = Field(
+        None,
+        description="null: one batch of prompts a step. filter: draw up to max_sample_batches batches until "
+        "train_batch_size groups carry signal (rewards that differ), train on those first, top up with the rest "
+        "(DAPO's dynamic sampling, bounded; trainer/sampling.py)",
+    )
+    max_sample_batches: int = Field(
+        30, ge=1, le=1000, description="with type filter: sample batches a step may draw at most (SkyRL's default 30)"
+    )
+
+
 class Algorithm(_Section):
     advantage_estimator: Literal["grpo"] = Field("grpo", description="group-relative advantages (GRPO)")
     grpo_norm_by_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
@@ -67,6 +79,9 @@ class Algorithm(_Section):
         False,
         description="train only on groups whose rewards differ (faster; drops their KL term; under seq_mean_* "
         "reductions each kept sequence then weighs n_all / n_kept more, a larger step)",
+    )
+    dynamic_sampling: DynamicSampling = Field(
+        default_factory=DynamicSampling, description="sample more prompts when few groups carry signal"
     )
     use_kl_loss: bool = Field(True, description="add kl_loss_coef x KL(policy || reference) to the loss")
     kl_loss_coef: float = Field(0.04, ge=0, description="weight of the KL term")

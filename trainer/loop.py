@@ -1,7 +1,7 @@
 """The GRPO training loop, read top to bottom (`python -m trainer run --launch launch.yaml`).
 
     run()    where to start (fresh, resumed, or refused), the inputs, the roles on Ray; train(); terminal.json
-    train()  each step: prompts -> rollouts -> rewards -> advantages -> update -> weight sync
+    train()  each step: prompts -> rollouts -> rewards (trainer/sampling.py) -> advantages -> update -> weight sync
              -> held-out eval and checkpoint when due -> metrics (appended; merged into metrics.jsonl at the end);
              before a wall-clock limit, a checkpoint and exit "to be continued" (trainer/continuation.py)
 
@@ -19,23 +19,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlbuild import runtime, storage
 from rlbuild.launch import LaunchDocument
 from rlbuild.manifest import materialise
 from rlbuild.metricstream import read_run_metrics, write_run_metrics
-from trainer import continuation, data, evaluate, grpo
+from trainer import continuation, data, evaluate, grpo, sampling
 from trainer import env as environments
 from trainer.batch import update_batch
 from trainer.checkpoint import CheckpointManager, Resume
-from trainer.engines import SamplingParams, resolve_backend
+from trainer.engines import resolve_backend
 from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
 from trainer.placement import start_roles
-from trainer.rewards import rewards as score_rollouts
 from trainer.roles import Roles
 from trainer.terminal import write_terminal
 
@@ -85,7 +83,7 @@ def train(
 ) -> list[dict[str, Any]]:
     """The steps from the resume point (or 0) to max_steps; returns every metrics record of the run."""
     t, g = launch.recipe.trainer, launch.recipe.generator
-    sampling, pad_id = SamplingParams.from_recipe(g.sampling_params), inputs.tokenizer.pad_token_id
+    pad_id = inputs.tokenizer.pad_token_id
     minis = t.train_batch_size // t.policy_mini_batch_size
     step, cursor = (resume.step, resume.data_cursor) if resume else (0, 0)
     if resume:
@@ -99,21 +97,21 @@ def train(
     while step < t.max_steps:
         step += 1
         clock = Stopwatch()
-        rows = data.group(data.draw(inputs.train_rows, cursor, t.train_batch_size, t.seed), g.n_samples_per_prompt)
-        cursor += t.train_batch_size
-        prompts = data.encode_prompts(inputs.tokenizer, rows)
-        rollouts = roles.generate(prompts, sampling, t.seed * data.SEED_STRIDE + step)
-        clock.lap("rollout")
-        rewards = torch.tensor(score_rollouts(inputs.tokenizer, inputs.environment, rows, rollouts))
-        advantages = grpo.group_advantages(
-            rewards, g.n_samples_per_prompt, t.algorithm.grpo_norm_by_std, t.algorithm.advantage_eps
+        sampled = sampling.sample_step(
+            roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe, step, cursor
         )
-        batch = update_batch(prompts, rollouts, rewards, advantages, launch.recipe, pad_id)
+        cursor = sampled.cursor
+        clock.lap("rollout")
+        update = sampled.update
+        advantages = grpo.group_advantages(
+            update.rewards, g.n_samples_per_prompt, t.algorithm.grpo_norm_by_std, t.algorithm.advantage_eps
+        )
+        batch = update_batch(update.prompts, update.rollouts, update.rewards, advantages, launch.recipe, pad_id)
         stats = roles.update(batch, minis, t.micro_train_batch_size_per_gpu)
         clock.lap("train")
         sync_error = roles.sync_weights(*inputs.probe, g.weight_sync_check_tolerance)
         clock.lap("sync")
-        values = step_metrics(rewards, g.n_samples_per_prompt, rollouts, batch, stats, sync_error, clock)
+        values = step_metrics(sampled, g.n_samples_per_prompt, batch, stats, sync_error, clock)
         if _due(step, t.eval_interval, t.max_steps):
             values |= accuracies(launch, roles, inputs)
         stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point

@@ -17,16 +17,14 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 from rlbuild.launch import LaunchDocument
 from rlbuild.metricstream import ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.progress import Progress
 from rlbuild.redact import redact_text
 from trainer import grpo
 from trainer.batch import UpdateBatch
-from trainer.engines import Rollout
 from trainer.errors import TrainerError
+from trainer.sampling import Step
 
 # What the progress line shows, and how it labels it.
 PROGRESS = (
@@ -60,9 +58,8 @@ class Stopwatch:
 
 
 def step_metrics(
-    rewards: torch.Tensor,
+    sampled: Step,
     group_size: int,
-    rollouts: list[Rollout],
     batch: UpdateBatch,
     stats: dict[str, float],
     sync_error: float,
@@ -70,8 +67,11 @@ def step_metrics(
 ) -> dict[str, Any]:
     """What a step logs: rewards, the policy's statistics (`policy/*`), throughput and where the time went.
 
-    Per-token statistics of an update without tokens (`zero_variance_filter` kept no group) are absent, not 0.
+    Rewards and responses describe every sample the step drew (under dynamic sampling more than it trained on,
+    and without its bias towards groups with signal). Per-token statistics of an update without tokens
+    (`zero_variance_filter` kept no group) are absent, not 0.
     """
+    rewards, rollouts = sampled.drawn.rewards, sampled.drawn.rollouts
     completion_tokens = float(sum(len(r.token_ids) for r in rollouts))
     train_tokens = stats["train_tokens"]
     policy = {k: v for k, v in stats.items() if k != "train_tokens" and (train_tokens > 0 or k not in PER_TOKEN)}
@@ -84,6 +84,8 @@ def step_metrics(
         "response/length_mean": completion_tokens / len(rollouts),
         "response/finished_frac": sum(r.finished for r in rollouts) / len(rollouts),
         "policy/trained_sequences": int((batch.tensors["completion_mask"].sum(dim=1) > 0).sum()),
+        "sampling/batches": sampled.batches,
+        "sampling/signal_groups": int((~grpo.uniform_groups(sampled.update.rewards, group_size)).sum()),
         **{f"policy/{name}": value for name, value in policy.items()},
         "sync/max_abs_logprob_diff": sync_error,
         "perf/tokens_per_s": completion_tokens / max(clock.total(), 1e-9),

@@ -16,6 +16,7 @@ from rlbuild.metricstream import MetricsStream, merge, read_run_metrics, read_st
 from trainer.batch import UpdateBatch
 from trainer.engines import Rollout
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
+from trainer.sampling import Samples, Step
 
 STEPS = 500
 CHECKPOINT_EVERY = 50
@@ -117,12 +118,13 @@ def test_an_update_without_tokens_logs_no_per_token_statistics() -> None:
     clock = Stopwatch()
     for phase in ("rollout", "train", "sync"):
         clock.lap(phase)
-    rollouts = [Rollout([5, 2], [-0.1, -0.2], True)] * 4
+    samples = Samples([{}] * 4, [[1]] * 4, [Rollout([5, 2], [-0.1, -0.2], True)] * 4, torch.zeros(4))
+    sampled = Step(samples, samples, cursor=4, batches=1)
     batch = UpdateBatch({"completion_mask": torch.zeros(2, 2)}, 2)
     stats = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "grad_norm": 0.0, "lr": 1e-3}
-    values = step_metrics(torch.zeros(4), 4, rollouts, batch, {**stats, "train_tokens": 0.0}, 0.0, clock)
+    values = step_metrics(sampled, 4, batch, {**stats, "train_tokens": 0.0}, 0.0, clock)
     assert "policy/kl" not in values and "policy/entropy" not in values and "policy/clip_frac" not in values
     assert values["policy/lr"] == 1e-3 and values["policy/trained_sequences"] == 0
-    assert values["reward/zero_variance_groups"] == 1.0
-    values = step_metrics(torch.zeros(4), 4, rollouts, batch, {**stats, "train_tokens": 8.0}, 0.0, clock)
+    assert values["reward/zero_variance_groups"] == 1.0 and values["sampling/signal_groups"] == 0
+    values = step_metrics(sampled, 4, batch, {**stats, "train_tokens": 8.0}, 0.0, clock)
     assert values["policy/kl"] == 0.0
