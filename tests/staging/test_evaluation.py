@@ -121,6 +121,29 @@ def test_a_run_without_signal_says_so_and_a_killed_run_is_read_from_its_segments
     assert "every reward was 0 for 30 consecutive steps" in (tmp_path / "eval" / "results.html").read_text()
 
 
+def test_a_run_that_memorises_its_train_prompts_is_flagged(tmp_path: Path, launch: LaunchDocument) -> None:
+    # Train reward 0.81 and train-prompt accuracy 0.80 against 0.32 held-out: the case a user met (issue 18).
+    lines = [{"step": s, "reward/mean": 0.81} for s in range(1, 11)]
+    lines += [{"step": 10, "eval/accuracy": 0.32, "eval/train_accuracy": 0.80}]
+    metrics = Path(launch.artifacts.metrics_uri)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
+    results = run_eval(_export(tmp_path), validation, launch, tmp_path / "eval", k=2)
+    training = results["training"]
+    assert training["train_accuracy"] == {"last": 0.80}
+    assert training["warnings"] == [
+        "train accuracy 0.80 against held-out 0.32 at the last eval: the policy memorises its training prompts "
+        "instead of learning the task; use more varied train data, a smaller model or a denser reward "
+        '(trainer/README.md, "Robust recipes")'
+    ]
+    table = (tmp_path / "eval" / "results.html").read_text()
+    assert "train-prompt accuracy last" in table and "memorises its training prompts" in table
+    # Within the gap: no warning.
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in [*lines[:-1], {**lines[-1], "eval/accuracy": 0.6}]))
+    assert run_eval(_export(tmp_path / "b"), validation, launch, tmp_path / "eval2", k=2)["training"]["warnings"] == []
+
+
 def test_validation_data_is_verified_and_checked(tmp_path: Path, launch: LaunchDocument) -> None:
     loose = tmp_path / "loose.jsonl"
     loose.write_text('{"prompt": "1+1=", "answer": "2"}\n')
