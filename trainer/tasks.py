@@ -18,7 +18,6 @@ import hashlib
 import itertools
 import random
 from pathlib import Path
-from typing import Any
 
 from rlbuild import storage
 from rlbuild.rows import dump_rows
@@ -29,8 +28,6 @@ SPLITS = ("train", "validation")
 VALIDATION_FRACTION = 0.2
 REVERSAL_ALPHABET = "abcde"
 REVERSAL_LENGTH = 3
-# What a near miss earns at most, as a share of a right answer's reward of 1.
-PARTIAL_CREDIT = 0.5
 
 
 class TaskError(TrainerError):
@@ -53,21 +50,7 @@ def split_rows(rows: list[dict[str, str]], split: str, revision: str) -> list[di
 
 
 class Addition(ExactMatch):
-    """`"a+b="` -> `str(a + b)` for single digits a, b.
-
-    As a reward environment (`env_class: addition`) a wrong number earns partial credit that falls with its
-    distance from the sum, `PARTIAL_CREDIT / (1 + |error|)`; only the exact sum earns 1 (so accuracy, a reward of
-    1, is exact match). Under exact match alone a group holds a right answer by luck, and what GRPO learns
-    depends on which rare answers it happens to draw (trainer/README.md, "Robust recipes").
-    """
-
-    def reward(self, row: dict[str, Any], completion: str, finished: bool) -> float:
-        answer = str(row["answer"])
-        if not finished or not completion.isdigit():
-            return 0.0
-        if completion == answer:
-            return 1.0
-        return PARTIAL_CREDIT / (1 + abs(int(completion) - int(answer)))
+    """`"a+b="` -> `str(a + b)` for single digits a, b, scored by exact match."""
 
     def rows(self, split: str, revision: str) -> list[dict[str, str]]:
         pairs = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
@@ -75,20 +58,7 @@ class Addition(ExactMatch):
 
 
 class Reversal(ExactMatch):
-    """`"rev abc:"` -> `"cba"` over 3 letters from a-e.
-
-    As a reward environment (`env_class: reversal`) each letter in its right place earns its share of
-    `PARTIAL_CREDIT`, and only the whole reversed string (then <eos>) earns 1, so accuracy stays exact match.
-    Exact match alone rewards about one sample in 250 at first: nearly every group is all wrong.
-    """
-
-    def reward(self, row: dict[str, Any], completion: str, finished: bool) -> float:
-        answer = str(row["answer"])
-        if finished and completion == answer:
-            return 1.0
-        if not finished or len(completion) != len(answer):
-            return 0.0
-        return PARTIAL_CREDIT * sum(c == a for c, a in zip(completion, answer, strict=True)) / len(answer)
+    """`"rev abc:"` -> `"cba"` over 3 letters from a-e, scored by exact match."""
 
     def rows(self, split: str, revision: str) -> list[dict[str, str]]:
         words = ("".join(p) for p in itertools.product(REVERSAL_ALPHABET, repeat=REVERSAL_LENGTH))
