@@ -13,7 +13,7 @@ in for another CPU, in a process of its own:
 and prints, per cell, held-out greedy accuracy (validation rows training never samples) at the start and the end,
 train greedy accuracy on as many train rows, the mean training reward of the last 20 steps, the held-out curve
 and the wall time; then the worst cell per task. `--set key=value` overrides a recipe key for a search
-(`--set trainer.algorithm.kl_loss_coef=0.02`).
+(`--set recipe.trainer.algorithm.kl_loss_coef=0.02`, `--set role_plan.n_samples_per_prompt=16`).
 
     .venv/bin/python benchmarks/learning_spread.py --task reversal --seeds 42 1 7 --perturb none isa-avx2 --jobs 2
 """
@@ -41,6 +41,7 @@ RESULT_MARK = "[cell] "
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
+    """`recipe.trainer.max_steps=300`, `role_plan.n_samples_per_prompt=16`: an experiment overlay."""
     recipe: dict[str, Any] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
@@ -84,7 +85,8 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
     from trainer import evaluate, loop
 
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"tiny-{task}.yaml").read_text())
-    recipe = deep_merge(experiment["recipe"], overrides)
+    recipe = deep_merge(experiment["recipe"], overrides.get("recipe", {}))
+    role_plan = {**experiment["role_plan"], **overrides.get("role_plan", {})}
     trainer = recipe.setdefault("trainer", {})
     if steps:
         trainer["max_steps"] = steps
@@ -101,7 +103,7 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
             task=task,
             seed=seed,
             data_seed=int(revision.removeprefix("seed-")),
-            role_plan=experiment["role_plan"],
+            role_plan=role_plan,
             recipe=recipe,
             model_dir=model_dir,
         )
@@ -125,6 +127,7 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
         "train_reward_last20": round(sum(rewards[-20:]) / max(len(rewards[-20:]), 1), 3),
         "curve": [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r],
         "wall_s": round(time.perf_counter() - started, 1),
+        "records": records,
     }
 
 
@@ -159,7 +162,9 @@ def main() -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 7])
     parser.add_argument("--perturb", nargs="+", choices=PERTURBATIONS, default=["none", "isa-avx2", "weights-1e-6"])
     parser.add_argument("--steps", type=int, help="override max_steps (a smoke run)")
-    parser.add_argument("--set", action="append", default=[], help="recipe override key=value (dotted key)")
+    parser.add_argument(
+        "--set", action="append", default=[], help="experiment override, dotted: recipe.<key>=V or role_plan.<key>=V"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="cells trained at once")
     parser.add_argument("--json", type=Path, help="also write every cell to this file")
     parser.add_argument("--cell", nargs=3, help=argparse.SUPPRESS)
@@ -169,17 +174,17 @@ def main() -> int:
         result = run_cell(task, int(seed), perturbation, _overrides(args.set), args.steps)
         print(RESULT_MARK + json.dumps(result), flush=True)
         return 0
-    cells = [(t, s, p) for t in args.task or ["addition", "reversal"] for s in args.seeds for p in args.perturb]
     results: list[dict[str, Any]] = []
+    cells = [(t, s, p) for t in args.task or ["addition", "reversal"] for s in args.seeds for p in args.perturb]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(lambda c: _spawn(*c, args.set, args.steps), cells):
             _print_cell(result)
             results.append(result)
+            if args.json:
+                args.json.write_text(json.dumps(results))
     for task in sorted({r["task"] for r in results}):
         worst = min((r for r in results if r["task"] == task), key=lambda r: r["held_out_end"])
         print(f"worst {task}: {worst['held_out_end']:.2f} (seed {worst['seed']}, {worst['perturbation']})")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -92,8 +92,8 @@ def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int, warn
     if accuracies and train_accuracies and train_accuracies[-1] - accuracies[-1] >= MEMORISATION_GAP:
         summary["warnings"].append(
             f"train accuracy {train_accuracies[-1]:.2f} against held-out {accuracies[-1]:.2f} at the last eval: the "
-            "policy memorises its training prompts instead of learning the task; use more varied train data, a "
-            'smaller model or a denser reward (trainer/README.md, "Robust recipes")'
+            "policy memorises its training prompts instead of learning the task; use more distinct train prompts "
+            'than the model can memorise, or a smaller model (trainer/README.md, "Robust recipes")'
         )
     longest = int(max(zero_streaks, default=0))
     summary["longest_zero_reward_steps"] = longest

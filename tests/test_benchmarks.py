@@ -33,3 +33,21 @@ def test_trainer_vs_trl_compares_the_same_objective_and_times_both_sides() -> No
     assert checked.count("agreement on a fixed batch") == 2
     timed = _bench("benchmarks/trainer_vs_trl.py", "--steps", "3", "--rows", "grpo")
     assert "speed-up" in timed and "s/step" in timed
+
+
+@pytest.mark.slow
+def test_learning_spread_trains_a_perturbed_cell_and_prints_its_row() -> None:
+    out = _bench(
+        "benchmarks/learning_spread.py",
+        "--task",
+        "addition",
+        "--seeds",
+        "3",
+        "--perturb",
+        "weights-1e-6",
+        "--steps",
+        "2",
+        "--jobs",
+        "1",
+    )
+    assert "addition  seed   3 weights-1e-6  held-out" in out and "worst addition:" in out

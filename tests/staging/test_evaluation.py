@@ -134,8 +134,8 @@ def test_a_run_that_memorises_its_train_prompts_is_flagged(tmp_path: Path, launc
     assert training["train_accuracy"] == {"last": 0.80}
     assert training["warnings"] == [
         "train accuracy 0.80 against held-out 0.32 at the last eval: the policy memorises its training prompts "
-        "instead of learning the task; use more varied train data, a smaller model or a denser reward "
-        '(trainer/README.md, "Robust recipes")'
+        "instead of learning the task; use more distinct train prompts than the model can memorise, or a smaller "
+        'model (trainer/README.md, "Robust recipes")'
     ]
     table = (tmp_path / "eval" / "results.html").read_text()
     assert "train-prompt accuracy last" in table and "memorises its training prompts" in table
