@@ -3,7 +3,7 @@ alive in Ray, for 2- and 4-node gangs of fake H100x8 workers; also submit-to-suc
 
     uv run python benchmarks/gang_bootstrap.py [--sizes 2 4] [--repeats 1]
 
-Each gang runs the real bootstrap (`python -m rlbuild.gang`, rendezvous in a local folder) with an empty job
+Each gang runs the real bootstrap (`python -m rlbuild.job.gang`, rendezvous in a local folder) with an empty job
 step, so the numbers are the bootstrap's own cost: Ray head start, workers joining, the all-alive check.
 """
 

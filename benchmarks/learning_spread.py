@@ -79,7 +79,7 @@ def _perturbed_base(seed: int, scale: float) -> Path:
 
 def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any], steps: int | None) -> dict[str, Any]:
     """One training run in this process; returns its summary."""
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
     from tests.launches import deep_merge, write_test_launch
     from trainer import evaluate, loop
 

@@ -11,16 +11,17 @@ import os
 import sys
 from pathlib import Path
 
-from rlbuild import interrupts, storage
-from rlbuild.errors import PreflightError, RlbuildError
-from rlbuild.identity import derived_record
-from rlbuild.jobenv import ALLOW_RETRAIN
-from rlbuild.launch import dump_launch
-from rlbuild.plan import Plan, resolve_file
-from rlbuild.planview import format_plan, plan_dict
-from rlbuild.redact import redact_text
-from rlbuild.spec import check_node_sizes, load_experiment
-from rlbuild.yamlfile import load_yaml
+from rlbuild.contracts.launch import dump_launch
+from rlbuild.core import storage
+from rlbuild.core.errors import PreflightError, RlbuildError
+from rlbuild.core.redact import redact_text
+from rlbuild.core.wire import ALLOW_RETRAIN
+from rlbuild.core.yamlfile import load_yaml
+from rlbuild.job import interrupts
+from rlbuild.plan.identity import derived_record
+from rlbuild.plan.planview import format_plan, plan_dict
+from rlbuild.plan.resolve import Plan, resolve_file
+from rlbuild.plan.spec import check_node_sizes, load_experiment
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -55,8 +56,8 @@ def _derived(launch_record: str, kind: str) -> dict:
 def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
     and the Slurm partition where Slurm answers (sinfo)."""
-    from rlbuild.slurm import partition_problems
-    from rlbuild.versioning import checked_plan
+    from rlbuild.plan.slurm import partition_problems
+    from rlbuild.plan.versioning import checked_plan
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
@@ -89,8 +90,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every artifact's state from storage (and the scheduler, for a running job); `--watch N` refreshes."""
     import time
 
-    from rlbuild.status import Options, gather, iris_url_from_environment, target_selection
-    from rlbuild.statusview import format_status
+    from rlbuild.ops.status import Options, gather, iris_url_from_environment, target_selection
+    from rlbuild.ops.statusview import format_status
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
@@ -113,7 +114,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     """(controller URL, experiment root in the Iris profile's storage) of `rlbuild submit` / `rlbuild cancel`."""
-    from rlbuild.status import unscoped
+    from rlbuild.ops.status import unscoped
     from rlbuild.workflow import experiment_file, workflow_config
 
     url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
@@ -139,7 +140,7 @@ def with_config(argv: list[str], entry: str) -> list[str]:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """The graph as a detached Iris job (a coordinator); returns once Iris has it."""
-    from rlbuild.coordinator import Size, submit
+    from rlbuild.ops.coordinator import Size, submit
 
     url, root = _submit_context(args)
     passed = (
@@ -156,7 +157,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Stop a detached coordinator and every job it submitted."""
-    from rlbuild.coordinator import cancel
+    from rlbuild.ops.coordinator import cancel
 
     url, root = _submit_context(args)
     cancelled = cancel(root, url, args.targets)
@@ -177,8 +178,8 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 
 def cmd_stage_model(args: argparse.Namespace) -> int:
-    from rlbuild.sources import parse_source
-    from rlbuild.staging import stage_model
+    from rlbuild.contracts.sources import parse_source
+    from rlbuild.stages.staging import stage_model
 
     plan = _plan(args)
     model = plan.experiment.model
@@ -195,8 +196,8 @@ def cmd_stage_model(args: argparse.Namespace) -> int:
 
 
 def cmd_stage_data(args: argparse.Namespace) -> int:
-    from rlbuild.sources import parse_source
-    from rlbuild.staging import stage_data
+    from rlbuild.contracts.sources import parse_source
+    from rlbuild.stages.staging import stage_data
 
     plan = _plan(args)
     data = plan.experiment.data
@@ -213,7 +214,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 def cmd_resolve_launch(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if args.model and args.data:  # the staged inputs: checked before anything is written
-        from rlbuild.modelcheck import check_staged_inputs
+        from rlbuild.plan.modelcheck import check_staged_inputs
 
         train = sorted((Path(args.data) / "train").glob("*.jsonl"))
         problems = check_staged_inputs(Path(args.model), train, plan.recipe)
@@ -226,9 +227,9 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlbuild import chain
-    from rlbuild.attempt import run_logged
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.job import chain
+    from rlbuild.job.attempt import run_logged
 
     attempts = load_launch(args.launch).artifacts.attempts_root
     trainer_argv = ["run", "--launch", args.launch, "--terminal", args.terminal]
@@ -251,8 +252,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlbuild.evaluation import run_eval
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.stages.evaluation import run_eval
 
     launch = load_launch(args.launch)
     out = Path(args.out)
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     split = argv.index("--") if argv[:1] == ["submit"] and "--" in argv else len(argv)
     args = build_parser().parse_args(argv[:split])
     args.snakemake_args = argv[split + 1 :]
-    if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/interrupts.py)
+    if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/job/interrupts.py)
         interrupts.raise_on_signals()
         interrupts.stop_when_snakemake_dies()
     try:

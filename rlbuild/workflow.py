@@ -18,20 +18,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlbuild import checkpoints, slurm
-from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
-from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
-from rlbuild.jobenv import restrict_to_forwarded
-from rlbuild.lease import Leases, describe, held_leases, lease_uri
-from rlbuild.metricstream import read_run_metrics
-from rlbuild.plan import Plan
-from rlbuild.planview import format_plan
-from rlbuild.preflight import check_experiment
-from rlbuild.redact import redact_text
-from rlbuild.spec import Experiment, NodeLimits, check_node_sizes, check_version, load_experiment, node_size
-from rlbuild.storage import join
-from rlbuild.validation import violations
-from rlbuild.versioning import StoredRecords, checked_plan
+from rlbuild.contracts import checkpoints
+from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
+from rlbuild.contracts.metricstream import read_run_metrics
+from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
+from rlbuild.core.redact import redact_text
+from rlbuild.core.storage import join
+from rlbuild.core.validation import violations
+from rlbuild.core.wire import restrict_to_forwarded
+from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
+from rlbuild.plan import slurm
+from rlbuild.plan.planview import format_plan
+from rlbuild.plan.preflight import check_experiment
+from rlbuild.plan.resolve import Plan
+from rlbuild.plan.spec import Experiment, NodeLimits, check_node_sizes, check_version, load_experiment, node_size
+from rlbuild.plan.versioning import StoredRecords, checked_plan
 
 RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
 # Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
@@ -237,7 +238,7 @@ class Graph:
         return join(self.storage_root, self.experiment.name)
 
     def plan(self, version: str) -> Plan:
-        """The checked plan of one version (rlbuild/versioning.py); stops on any violation or drift."""
+        """The checked plan of one version (rlbuild/plan/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
             plan = checked_plan(self.experiment, version, self.storage_root, str(self.experiment_file))
             step_time = self._measured_step_time(plan)
@@ -311,7 +312,7 @@ class Graph:
 
     def take_leases(self, jobs: Any) -> None:
         """`onstart:` take the lease of every artifact this run will build, before the first job starts; refuse
-        in one line when another run holds one (rlbuild/lease.py)."""
+        in one line when another run holds one (rlbuild/ops/lease.py)."""
         self.leases = Leases()
         atexit.register(self.leases.release_all)
         for job in jobs:

@@ -19,14 +19,14 @@ import pytest
 import torch
 import yaml
 
-from rlbuild import storage
-from rlbuild.launch import dump_launch
-from rlbuild.plan import resolve
-from rlbuild.rows import dump_rows
-from rlbuild.sources import parse_source
-from rlbuild.spec import parse_experiment
-from rlbuild.staging import stage_data, stage_model
-from rlbuild.tinymodel import TINY_MODEL_FILE
+from rlbuild.contracts.launch import dump_launch
+from rlbuild.contracts.rows import dump_rows
+from rlbuild.contracts.sources import parse_source
+from rlbuild.contracts.tinymodel import TINY_MODEL_FILE
+from rlbuild.core import storage
+from rlbuild.plan.resolve import resolve
+from rlbuild.plan.spec import parse_experiment
+from rlbuild.stages.staging import stage_data, stage_model
 from trainer import tasks, tiny
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild import runtime
+from rlbuild.contracts import runtime
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("rlbuild", "trainer", "plugins")
@@ -53,13 +53,18 @@ def test_the_runtime_is_the_trainer_the_bootstrap_and_what_they_import() -> None
     files = {p.relative_to(REPO).as_posix() for p in runtime.runtime_files(REPO)}
     assert {
         "trainer/loop.py",
-        "rlbuild/gang.py",
-        "rlbuild/launch.py",
-        "rlbuild/recipe.py",
-        "rlbuild/storage.py",
+        "rlbuild/job/gang.py",
+        "rlbuild/contracts/launch.py",
+        "rlbuild/contracts/recipe.py",
+        "rlbuild/core/storage.py",
     } <= files
     # Plan printing, preflight messages and the command line are not part of what runs in a job.
-    assert not files & {"rlbuild/planview.py", "rlbuild/preflight.py", "rlbuild/cli.py", "rlbuild/workflow.py"}
+    assert not files & {
+        "rlbuild/plan/planview.py",
+        "rlbuild/plan/preflight.py",
+        "rlbuild/cli.py",
+        "rlbuild/workflow.py",
+    }
 
 
 def test_comments_and_docstrings_do_not_change_the_runtime_digest(tmp_path: Path) -> None:

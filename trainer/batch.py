@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlbuild.recipe import Recipe
+from rlbuild.contracts.recipe import Recipe
 from trainer import grpo
 from trainer.engines import Rollout
 

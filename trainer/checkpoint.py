@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlbuild import checkpoints as layout
-from rlbuild import storage
-from rlbuild.checkpoints import LATEST, STATE, STEP_DIR
-from rlbuild.manifest import MANIFEST, ManifestError, read_manifest
+from rlbuild.contracts import checkpoints as layout
+from rlbuild.contracts.checkpoints import LATEST, STATE, STEP_DIR
+from rlbuild.contracts.manifest import MANIFEST, ManifestError, read_manifest
+from rlbuild.core import storage
 from trainer.errors import TrainerError
 
 

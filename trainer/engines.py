@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlbuild.recipe import GeneratorSection
-from rlbuild.recipe import SamplingParams as RecipeSampling
+from rlbuild.contracts.recipe import GeneratorSection
+from rlbuild.contracts.recipe import SamplingParams as RecipeSampling
 from trainer import weight_sync
 from trainer.errors import TrainerError
 from trainer.grpo import token_logprobs

@@ -14,8 +14,8 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rlbuild import storage
-from rlbuild.rows import read_rows
+from rlbuild.contracts.rows import read_rows
+from rlbuild.core import storage
 from trainer import env as environments
 from trainer.data import encode_prompts
 from trainer.engines import Rollout, SamplingParams, TorchEngine

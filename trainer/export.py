@@ -14,10 +14,17 @@ import json
 import tempfile
 from pathlib import Path
 
-from rlbuild import storage
-from rlbuild.checkpoints import HF_FOLDER
-from rlbuild.launch import LaunchDocument, load_launch
-from rlbuild.manifest import ManifestError, fetch_verified, manifest_digest, read_manifest, subtree, write_manifest
+from rlbuild.contracts.checkpoints import HF_FOLDER
+from rlbuild.contracts.launch import LaunchDocument, load_launch
+from rlbuild.contracts.manifest import (
+    ManifestError,
+    fetch_verified,
+    manifest_digest,
+    read_manifest,
+    subtree,
+    write_manifest,
+)
+from rlbuild.core import storage
 from trainer.errors import TrainerError
 
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")

@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rlbuild import runtime, storage
-from rlbuild.launch import LaunchDocument
-from rlbuild.manifest import materialise
-from rlbuild.metricstream import read_run_metrics, write_run_metrics
+from rlbuild.contracts import runtime
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.manifest import materialise
+from rlbuild.contracts.metricstream import read_run_metrics, write_run_metrics
+from rlbuild.core import storage
 from trainer import continuation, data, evaluate, grpo
 from trainer import env as environments
 from trainer.batch import update_batch

@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from rlbuild.launch import LaunchDocument
-from rlbuild.metricstream import ZERO_REWARD_STEPS, MetricsStream
-from rlbuild.progress import Progress
-from rlbuild.redact import redact_text
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.metricstream import ZERO_REWARD_STEPS, MetricsStream
+from rlbuild.contracts.progress import Progress
+from rlbuild.core.redact import redact_text
 from trainer import grpo
 from trainer.batch import UpdateBatch
 from trainer.engines import Rollout

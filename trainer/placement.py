@@ -1,6 +1,6 @@
 """Ray: connect to the gang's cluster (or start a local one) and place every role where the layout says.
 
-The layout is rlbuild/layout.py's packing, the one preflight checked: the node of each policy rank, of each
+The layout is rlbuild/contracts/layout.py's packing, the one preflight checked: the node of each policy rank, of each
 reference worker and of each engine's GPUs. Layout node i is a Ray node: on a gang, the node of rank i (its
 `rlbuild_rank_i` resource); on another cluster, the i-th node in node-ID order; on a one-node cluster (the
 private local Ray, one machine) every layout node is that node.
@@ -27,11 +27,11 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlbuild.gang import RANK_RESOURCE
-from rlbuild.launch import LaunchDocument
-from rlbuild.layout import Layout, pack, shape_of_recipe
-from rlbuild.manifest import materialise
-from rlbuild.recipe import Recipe
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.layout import Layout, pack, shape_of_recipe
+from rlbuild.contracts.manifest import materialise
+from rlbuild.contracts.recipe import Recipe
+from rlbuild.job.gang import RANK_RESOURCE
 from trainer.engines import make_engine
 from trainer.errors import TrainerError
 from trainer.policy import PolicyWorker

@@ -25,10 +25,10 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from rlbuild import checkpoints as layout
-from rlbuild import storage
-from rlbuild.manifest import describe_files, payload_files, verify_stored
-from rlbuild.recipe import Recipe
+from rlbuild.contracts import checkpoints as layout
+from rlbuild.contracts.manifest import describe_files, payload_files, verify_stored
+from rlbuild.contracts.recipe import Recipe
+from rlbuild.core import storage
 from trainer import grpo, sharding, weight_sync
 
 

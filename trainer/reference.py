@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlbuild.recipe import Recipe
+from rlbuild.contracts.recipe import Recipe
 from trainer import sharding
 from trainer.policy import score
 

@@ -12,7 +12,7 @@ import ray
 import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from rlbuild import checkpoints as layout
+from rlbuild.contracts import checkpoints as layout
 from trainer.batch import Batch, UpdateBatch
 from trainer.engines import Rollout, SamplingParams, max_abs_difference
 from trainer.errors import TrainerError

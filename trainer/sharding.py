@@ -10,7 +10,7 @@ Checkpoints are torch.distributed.checkpoint (DCP) folders, as in verl and SkyRL
 shards of the model and the optimizer state (rank 0 also the scheduler) into one `__<rank>_0.distcp` file, and
 rank 0 writes `.metadata`. Each rank writes to node-local disk first, hashes what it wrote (the checkpoint's
 manifest: a flipped bit in storage is then caught by the next reader, not trained on), and uploads its files
-beside the other ranks' (a local folder or `s3://`, through rlbuild.storage). A resuming rank reads only the bytes
+beside the other ranks' (a local folder or `s3://`, through rlbuild.core.storage). A resuming rank reads only the bytes
 it needs through fsspec. DCP records global shapes and offsets, so a checkpoint also loads into another world
 size (it reshards on load).
 """
@@ -37,8 +37,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from rlbuild import storage
-from rlbuild.manifest import describe_files, materialise, payload_files
+from rlbuild.contracts.manifest import describe_files, materialise, payload_files
+from rlbuild.core import storage
 from trainer import weight_sync
 
 # Gathered to rank 0 in host memory: what the engines and the HF folder need.

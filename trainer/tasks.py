@@ -20,8 +20,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rlbuild import storage
-from rlbuild.rows import dump_rows
+from rlbuild.contracts.rows import dump_rows
+from rlbuild.core import storage
 from trainer.env import ExactMatch, make_task
 from trainer.errors import TrainerError
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild import checkpoints, storage
-from rlbuild.launch import load_launch
+from rlbuild.contracts import checkpoints
+from rlbuild.contracts.launch import load_launch
+from rlbuild.core import storage
 from tests.conftest import S3Server, run_snakemake
 from tests.e2e.test_pipeline import VERSION, small_experiment
 from tests.faults import Fault, s3_proxy

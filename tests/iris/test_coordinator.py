@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rlbuild.spec import load_experiment
-from rlbuild.status import Options, gather
+from rlbuild.ops.status import Options, gather
+from rlbuild.plan.spec import load_experiment
 from tests.conftest import EXPERIMENTS
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, wait_for
 from tests.iris.local_cluster import LocalIris

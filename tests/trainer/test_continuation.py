@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.chain import CONTINUE_EXIT_CODE, STOP_AT_ENV
+from rlbuild.job.chain import CONTINUE_EXIT_CODE, STOP_AT_ENV
 from tests.launches import write_test_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

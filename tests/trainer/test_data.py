@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlbuild.rows import read_rows
+from rlbuild.contracts.rows import read_rows
 from trainer import batch as layout
 from trainer import data, grpo, tasks
 from trainer.engines import Rollout

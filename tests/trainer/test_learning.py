@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.launch import load_launch
+from rlbuild.contracts.launch import load_launch
 from tests.launches import write_test_launch
 from trainer import loop
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlbuild import storage
-from rlbuild.metricstream import MetricsStream, merge, read_run_metrics, read_stream
+from rlbuild.contracts.metricstream import MetricsStream, merge, read_run_metrics, read_stream
+from rlbuild.core import storage
 from trainer.batch import UpdateBatch
 from trainer.engines import Rollout
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics

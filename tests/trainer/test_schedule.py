@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rlbuild.recipe import Recipe
+from rlbuild.contracts.recipe import Recipe
 from trainer.policy import LearningRateSchedule
 
 

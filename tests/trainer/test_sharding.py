@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlbuild import storage
-from rlbuild.launch import LaunchDocument, load_launch
-from rlbuild.manifest import MANIFEST, ManifestMismatchError, read_manifest
+from rlbuild.contracts.launch import LaunchDocument, load_launch
+from rlbuild.contracts.manifest import MANIFEST, ManifestMismatchError, read_manifest
+from rlbuild.core import storage
 from tests.launches import placeable, write_test_launch
 from trainer import grpo, tasks
 from trainer.batch import UpdateBatch, update_batch

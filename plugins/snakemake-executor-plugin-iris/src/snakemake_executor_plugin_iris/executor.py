@@ -17,9 +17,9 @@ from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
-from rlbuild.jobenv import RAY_PORT_NAMES
-from rlbuild.jobstate import SchedulerUnavailableError, iris_states
-from rlbuild.redact import redact_text
+from rlbuild.core.redact import redact_text
+from rlbuild.core.wire import RAY_PORT_NAMES
+from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_states
 from snakemake_executor_plugin_iris.errors import IrisSettingError, IrisSubmitError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlbuild.jobenv import forwarded, refused_names
+from rlbuild.core.wire import forwarded, refused_names
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 
 PRIORITIES = ("production", "interactive", "batch")
@@ -133,7 +133,7 @@ def gang_command(
     join_timeout_s: int,
 ) -> str:
     """Every task of the gang runs the bootstrap; rank 0 runs `step` (the Snakemake job) once Ray is up."""
-    argv = [python, "-m", "rlbuild.gang", "--nodes", str(nodes), "--gang-id", gang_id]
+    argv = [python, "-m", "rlbuild.job.gang", "--nodes", str(nodes), "--gang-id", gang_id]
     argv += ["--join-timeout", str(join_timeout_s)]
     if launch:
         argv += ["--launch", launch]
