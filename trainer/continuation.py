@@ -19,12 +19,11 @@ import signal
 import time
 from types import FrameType
 
-from rlbuild.job.chain import CONTINUE_EXIT_CODE, STOP_AT_ENV
+from rlbuild.core.wire import CONTINUE_EXIT_CODE, INTERRUPTED_EXIT_CODE, STOP_AT_ENV
 from trainer.errors import TrainerError
 
 __all__ = ["CONTINUE_EXIT_CODE", "INTERRUPTED_EXIT_CODE", "ToBeContinued", "listen", "requested"]
 
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports an interrupted command
 _state: dict[str, float | None] = {"signalled_at": None, "deadline": None, "interrupted_at": None, "signal": None}
 
 

@@ -31,7 +31,7 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.layout import Layout, pack, shape_of_recipe
 from rlbuild.contracts.manifest import materialise
 from rlbuild.contracts.recipe import Recipe
-from rlbuild.job.gang import RANK_RESOURCE
+from rlbuild.core.wire import RANK_RESOURCE
 from trainer.engines import make_engine
 from trainer.errors import TrainerError
 from trainer.policy import PolicyWorker

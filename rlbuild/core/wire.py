@@ -1,7 +1,9 @@
-"""What a job may receive from the submitting environment, and what the gang's Ray needs from its scheduler.
+"""The job wire contract: what a job may receive from the submitting environment, the variables rlbuild sets for
+it, and the exit codes a job answers with.
 
 One place for the rules every executor applies (Iris, Slurm): which variables travel to a job, which never do,
-which names hold secrets (redacted wherever text is shown), and the ports a gang task asks for.
+which names hold secrets (redacted wherever text is shown), the ports a gang task asks for, and the names and
+codes the submitting side and the node side (the gang, the chain, the trainer) read from each other.
 Dependency-free on purpose: executor plugins import it on every Snakemake start.
 """
 
@@ -34,6 +36,16 @@ NEVER_FORWARDED = re.compile(r"^(AWS_|R2_)")
 
 # `--config allow_retrain=true` reaches the train job as this variable (a rule param would be provenance).
 ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"
+# Epoch seconds at which the trainer checkpoints and exits CONTINUE_EXIT_CODE (set by the Slurm chain).
+STOP_AT_ENV = "RLBUILD_STOP_AT"
+
+# Exit codes a job answers with, read by the side that started it.
+CONTINUE_EXIT_CODE = 75  # EX_TEMPFAIL: trained up to a checkpoint before the limit; the next link resumes
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports an interrupted command
+NOT_RETRYABLE_EXIT_CODE = 3  # the gang met a failure a retry would meet again (the runtime digest mismatch)
+
+# The Ray custom resource each gang rank's node carries, so the trainer pins layout node i to rank i.
+RANK_RESOURCE = "rlbuild_rank_{rank}"
 
 # Each gang task asks its scheduler for one port per name (Iris: IRIS_PORT_<NAME>), so several Ray nodes can
 # share a host.

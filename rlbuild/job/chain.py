@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from rlbuild.contracts.launch import load_launch
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
+from rlbuild.core.wire import CONTINUE_EXIT_CODE, STOP_AT_ENV
 from rlbuild.job.attempt import run_logged
 
-CONTINUE_EXIT_CODE = 75  # EX_TEMPFAIL: trained up to a checkpoint before the limit; the next link resumes
-STOP_AT_ENV = "RLBUILD_STOP_AT"  # epoch seconds at which the trainer checkpoints and exits CONTINUE_EXIT_CODE
 CPU_VARIANT = "cpu"
 REQUEUE_GRACE_S = 120.0  # Slurm stops the requeued job within KillWait; never outlive that silently
 

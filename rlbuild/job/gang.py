@@ -31,12 +31,11 @@ from rlbuild.contracts.progress import HEARTBEAT_S
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
-from rlbuild.core.wire import RAY_PORT_NAMES
+from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE, RANK_RESOURCE, RAY_PORT_NAMES
 from rlbuild.job import interrupts
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_terminate
 
-RANK_RESOURCE = "rlbuild_rank_{rank}"
 WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
 WORKER_PORTS_PER_RANK = 400
 # Slurm gives a task no ports: rank r takes free ones in its own band, below the worker ports and the kernel's
@@ -45,7 +44,6 @@ SLURM_PORT_BASE = 15000
 SLURM_PORT_BAND = 500
 SLURM_PORT_BANDS = 10
 RAY_STOP_GRACE_S = 10.0
-EXIT_NOT_RETRYABLE = 3
 WARNING_SIGNAL = signal.SIGUSR1  # Slurm's `--signal=USR1@<lead>`
 
 
@@ -202,7 +200,7 @@ def materialise(launch: str | None, cache_dir: Path) -> None:
 
 
 class NotRetryableError(RlbuildError):
-    """A failure the same job would meet again on retry: the task exits EXIT_NOT_RETRYABLE and, on Iris, cancels
+    """A failure the same job would meet again on retry: the task exits NOT_RETRYABLE_EXIT_CODE and, on Iris, cancels
     its own job so Iris does not restart the gang into the same wall."""
 
 
@@ -422,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotRetryableError as error:
         log(f"error (not retryable): {error}")
         refuse_retry(dict(os.environ))
-        return EXIT_NOT_RETRYABLE
+        return NOT_RETRYABLE_EXIT_CODE
     except RlbuildError as error:
         log(f"error: {error}")
         return 2

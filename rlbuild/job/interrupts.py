@@ -31,8 +31,8 @@ from typing import Any
 import psutil
 
 from rlbuild.core.errors import RlbuildError
+from rlbuild.core.wire import INTERRUPTED_EXIT_CODE
 
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports an interrupted command
 SNAKEMAKE_POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 Handler = Callable[[int, FrameType | None], Any] | int | None

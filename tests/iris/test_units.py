@@ -11,14 +11,15 @@ import pytest
 from iris.client import JobState
 
 from rlbuild.contracts import runtime
-from rlbuild.job.gang import EXIT_NOT_RETRYABLE, RuntimeMismatchError, check_runtime
+from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
+from rlbuild.dev.launches import write_test_launch
+from rlbuild.job.gang import RuntimeMismatchError, check_runtime
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
 from snakemake_executor_plugin_iris.status import Outcome, outcome
-from tests.launches import write_test_launch
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
@@ -164,7 +165,7 @@ def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp
         timeout=120,
         env=env,
     )
-    assert result.returncode == EXIT_NOT_RETRYABLE  # Iris must not retry it (test_gang: the job is cancelled)
+    assert result.returncode == NOT_RETRYABLE_EXIT_CODE  # Iris must not retry it (test_gang: the job is cancelled)
     assert f"this node runs runtime source digest {runtime.source_digest()}" in result.stderr
     assert f"was planned for {planned}" in result.stderr and "Run the job from the checkout" in result.stderr
     assert not (tmp_path / "rdv").exists(), "nothing may start (no Ray head, no rendezvous) on a mismatched node"
