@@ -1,10 +1,10 @@
 """What runs inside a job, and the digest that names it.
 
-The runtime is the trainer package and the gang bootstrap, plus every rlbuild module they import (followed
-through their imports), plus the data files it reads (DATA_FILES) and the lock file that pins the packages. Its
-digest is what checkpoints are stamped with and what a fixed version's training is tied to. Plan printing,
-preflight messages and the CLI are not part of it, and neither are comments or docstrings: each module
-contributes the digest of its syntax tree.
+The runtime is the node-side code, named as folders: the trainer package and the rlbuild layers a job runs
+(core, contracts, job, schedulers), plus the data files they read (DATA_FILES) and the lock file that pins the
+packages. Its digest is what checkpoints are stamped with and what a fixed version's training is tied to. The
+submit-side folders (plan, stages, ops) and the front doors (cli, workflow) are not part of it, and neither are
+comments or docstrings: each module contributes the digest of its syntax tree.
 """
 
 from __future__ import annotations
@@ -15,30 +15,11 @@ from functools import cache
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ENTRY_PACKAGES = ("trainer",)
-ENTRY_MODULES = ("rlbuild.job.gang",)
+# tests/test_structure.py holds these folders to importing only each other (and third-party packages).
+RUNTIME_FOLDERS = ("trainer", "rlbuild/core", "rlbuild/contracts", "rlbuild/job", "rlbuild/schedulers")
 LOCK_FILE = "uv.lock"
 # Files the runtime reads besides code: the tiny model's architecture (rlbuild/contracts/tinymodel.py).
 DATA_FILES = ("rlbuild/contracts/tiny_model.json",)
-
-
-def _module_path(root: Path, module: str) -> Path | None:
-    base = root.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _imported_modules(tree: ast.AST) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return names
 
 
 def _without_docstrings(tree: ast.Module) -> ast.Module:
@@ -56,21 +37,10 @@ def _without_docstrings(tree: ast.Module) -> ast.Module:
 
 
 def runtime_files(root: Path = REPO_ROOT) -> list[Path]:
-    """The Python files of the runtime: the entry packages and modules, and every local module they import."""
-    pending = [p for package in ENTRY_PACKAGES for p in sorted((root / package).rglob("*.py"))]
-    pending += [p for m in ENTRY_MODULES if (p := _module_path(root, m)) is not None]
-    seen: set[Path] = set()
-    while pending:
-        path = pending.pop()
-        if path in seen or "__pycache__" in path.parts:
-            continue
-        seen.add(path)
-        for name in _imported_modules(ast.parse(path.read_text(), str(path))):
-            if name.split(".")[0] in ("rlbuild", *ENTRY_PACKAGES):
-                found = _module_path(root, name)
-                if found is not None:
-                    pending.append(found)
-    return sorted(seen)
+    """The Python files of the runtime: every module under RUNTIME_FOLDERS."""
+    return sorted(
+        path for folder in RUNTIME_FOLDERS for path in (root / folder).rglob("*.py") if "__pycache__" not in path.parts
+    )
 
 
 @cache
