@@ -10,21 +10,23 @@ from __future__ import annotations
 import importlib.util
 import os
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from rlbuild.contracts.recipe import Recipe, recipe_problems
 from rlbuild.contracts.sources import SourceError, parse_source
-from rlbuild.core.errors import Violation
+from rlbuild.core.errors import PreflightError, Violation
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import is_secret_name
+from rlbuild.core.yamlfile import load_yaml
 from rlbuild.plan.environments import check_environments
 from rlbuild.plan.identity import flatten
 from rlbuild.plan.modelcheck import check_model, source_model_config
-from rlbuild.plan.roleplan import check_role_plan
+from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
 from rlbuild.plan.slurm import CPU_VARIANT, check_chain
-from rlbuild.plan.spec import Experiment
+from rlbuild.plan.spec import Experiment, RolePlan, Runtime, Topology
 
 # Strategies this runtime can execute, and the package that would provide the others.
 INSTALLED_STRATEGIES = {"fsdp2"}
@@ -32,27 +34,38 @@ INSTALL_VLLM = "scripts/setup.sh --extra gpu"
 STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
 
 
+def parse_experiment(raw: Any, source: str) -> Experiment:
+    """Validate a parsed experiment mapping; raise PreflightError listing every structural problem."""
+    if not isinstance(raw, dict):
+        raise PreflightError(source, [Violation("<root>", "must be a mapping of the experiment's fields")])
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as exc:
+        found = violations(exc, raw, Experiment)
+    raise PreflightError(source, found + _arithmetic_of_parts(raw))
+
+
+def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:
+    """Role-plan arithmetic of the sections that did parse, so one run reports every problem."""
+    try:
+        topology = Topology.model_validate(raw.get("topology"))
+        plan = RolePlan.model_validate(raw.get("role_plan"))
+        runtime = Runtime.model_validate(raw.get("runtime"))
+    except ValidationError:
+        return []
+    return check_role_plan(topology, plan, runtime)
+
+
+def load_experiment(path: Path) -> Experiment:
+    return parse_experiment(load_yaml(path, "experiment"), str(path))
+
+
 def role_plan_values(experiment: Experiment) -> dict[str, Any]:
     """The recipe keys the role plan, runtime and seed own, with the values they render."""
-    plan = experiment.role_plan
     return {
         "trainer.strategy": experiment.runtime.strategy,
         "trainer.seed": experiment.seed,
-        "trainer.placement.colocate_all": plan.colocate_all,
-        "trainer.placement.colocate_policy_ref": plan.ref_num_nodes == 0,
-        "trainer.placement.policy_num_nodes": plan.policy_num_nodes,
-        "trainer.placement.policy_num_gpus_per_node": plan.policy_num_gpus_per_node,
-        "trainer.placement.ref_num_nodes": plan.ref_num_nodes or plan.policy_num_nodes,
-        "trainer.placement.ref_num_gpus_per_node": plan.policy_num_gpus_per_node,
-        "trainer.train_batch_size": plan.train_batch_size,
-        "trainer.policy_mini_batch_size": plan.policy_mini_batch_size,
-        "trainer.micro_train_batch_size_per_gpu": plan.micro_train_batch_size_per_gpu,
-        "generator.num_inference_engines": plan.num_inference_engines,
-        "generator.inference_engine_tensor_parallel_size": plan.inference_engine_tensor_parallel_size,
-        "generator.inference_engine_pipeline_parallel_size": plan.inference_engine_pipeline_parallel_size,
-        "generator.inference_engine_data_parallel_size": plan.inference_engine_data_parallel_size,
-        "generator.inference_engine_expert_parallel_size": plan.inference_engine_expert_parallel_size,
-        "generator.n_samples_per_prompt": plan.n_samples_per_prompt,
+        **role_plan_recipe_keys(experiment.role_plan),
     }
 
 

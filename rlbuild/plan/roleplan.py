@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from rlbuild.contracts.layout import PackingError, Shape, pack
+from pydantic import ValidationError
+
+from rlbuild.contracts.layout import PackingError, Shape, pack, shape_of_recipe
+from rlbuild.contracts.recipe import Recipe
 from rlbuild.core.errors import Violation
 from rlbuild.plan.spec import RolePlan, Runtime, Topology
 
@@ -123,33 +127,7 @@ def _count_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[V
         )
 
     if plan.colocate_all:
-        if gpn % g.engine_slice:
-            out.append(
-                Violation(
-                    f"{RP}.inference_engine_tensor_parallel_size",
-                    f"colocated engine slice TP*PP={tp}*{pp}={g.engine_slice} does not tile a {gpn}-GPU node",
-                    f"choose TP*PP among the divisors of {gpn}: {_divisors(gpn)}",
-                )
-            )
-        if plan.ref_num_nodes:
-            out.append(
-                Violation(
-                    f"{RP}.ref_num_nodes",
-                    f"ref_num_nodes={plan.ref_num_nodes} with colocate_all=true: colocated roles put the "
-                    "reference on the policy's GPUs",
-                    "set ref_num_nodes: 0, or colocate_all: false to give the reference its own nodes",
-                )
-            )
-        if g.policy_gpus != g.rollout_gpus:
-            out.append(
-                Violation(
-                    f"{RP}.num_inference_engines",
-                    f"colocated policy GPUs ({plan.policy_num_nodes}*{plan.policy_num_gpus_per_node}="
-                    f"{g.policy_gpus}) != rollout GPUs (engines {plan.num_inference_engines} * TP {tp} * PP {pp} "
-                    f"* DP {dp} = {g.rollout_gpus})",
-                    _colocated_fix(topology, plan, g),
-                )
-            )
+        out += _colocated_violations(topology, plan, g)
     elif g.engine_ranks > gpn:
         out.append(
             Violation(
@@ -164,24 +142,84 @@ def _count_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[V
     return out
 
 
+def _colocated_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[Violation]:
+    """Colocated roles: the engine slice tiles a node, no reference nodes, policy GPUs == rollout GPUs."""
+    tp = plan.inference_engine_tensor_parallel_size
+    pp = plan.inference_engine_pipeline_parallel_size
+    dp = plan.inference_engine_data_parallel_size
+    gpn = topology.gpus_per_node
+    out: list[Violation] = []
+    if gpn % g.engine_slice:
+        out.append(
+            Violation(
+                f"{RP}.inference_engine_tensor_parallel_size",
+                f"colocated engine slice TP*PP={tp}*{pp}={g.engine_slice} does not tile a {gpn}-GPU node",
+                f"choose TP*PP among the divisors of {gpn}: {_divisors(gpn)}",
+            )
+        )
+    if plan.ref_num_nodes:
+        out.append(
+            Violation(
+                f"{RP}.ref_num_nodes",
+                f"ref_num_nodes={plan.ref_num_nodes} with colocate_all=true: colocated roles put the "
+                "reference on the policy's GPUs",
+                "set ref_num_nodes: 0, or colocate_all: false to give the reference its own nodes",
+            )
+        )
+    if g.policy_gpus != g.rollout_gpus:
+        out.append(
+            Violation(
+                f"{RP}.num_inference_engines",
+                f"colocated policy GPUs ({plan.policy_num_nodes}*{plan.policy_num_gpus_per_node}="
+                f"{g.policy_gpus}) != rollout GPUs (engines {plan.num_inference_engines} * TP {tp} * PP {pp} "
+                f"* DP {dp} = {g.rollout_gpus})",
+                _colocated_fix(topology, plan, g),
+            )
+        )
+    return out
+
+
+def role_plan_recipe_keys(plan: RolePlan) -> dict[str, Any]:
+    """The recipe keys the role plan owns, with the values it renders: the one mapping from a role plan to the
+    recipe, which the packing reads back (shape_of_recipe), in preflight and in the trainer alike."""
+    return {
+        "trainer.placement.colocate_all": plan.colocate_all,
+        "trainer.placement.colocate_policy_ref": plan.ref_num_nodes == 0,
+        "trainer.placement.policy_num_nodes": plan.policy_num_nodes,
+        "trainer.placement.policy_num_gpus_per_node": plan.policy_num_gpus_per_node,
+        "trainer.placement.ref_num_nodes": plan.ref_num_nodes or plan.policy_num_nodes,
+        "trainer.placement.ref_num_gpus_per_node": plan.policy_num_gpus_per_node,
+        "trainer.train_batch_size": plan.train_batch_size,
+        "trainer.policy_mini_batch_size": plan.policy_mini_batch_size,
+        "trainer.micro_train_batch_size_per_gpu": plan.micro_train_batch_size_per_gpu,
+        "generator.num_inference_engines": plan.num_inference_engines,
+        "generator.inference_engine_tensor_parallel_size": plan.inference_engine_tensor_parallel_size,
+        "generator.inference_engine_pipeline_parallel_size": plan.inference_engine_pipeline_parallel_size,
+        "generator.inference_engine_data_parallel_size": plan.inference_engine_data_parallel_size,
+        "generator.inference_engine_expert_parallel_size": plan.inference_engine_expert_parallel_size,
+        "generator.n_samples_per_prompt": plan.n_samples_per_prompt,
+    }
+
+
 def shape_of_plan(topology: Topology, plan: RolePlan) -> Shape:
-    """The packing's view of an experiment (the trainer builds the same from the launch document)."""
-    return Shape(
-        num_nodes=topology.num_nodes,
-        gpus_per_node=topology.gpus_per_node,
-        policy_nodes=plan.policy_num_nodes,
-        reference_nodes=0 if plan.colocate_all else plan.ref_num_nodes,
-        colocated=plan.colocate_all,
-        engines=plan.num_inference_engines,
-        tp=plan.inference_engine_tensor_parallel_size,
-        pp=plan.inference_engine_pipeline_parallel_size,
-        dp=plan.inference_engine_data_parallel_size,
-    )
+    """The packing's view of an experiment: its role plan rendered into the recipe, read as the trainer reads its
+    launch document (shape_of_recipe). A ValidationError where the rendered values are outside the recipe's
+    ranges (compose_recipe names them)."""
+    tree: dict[str, Any] = {}
+    for dotted, value in role_plan_recipe_keys(plan).items():
+        *parents, leaf = dotted.split(".")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return shape_of_recipe(Recipe.model_validate(tree), topology.num_nodes, topology.gpus_per_node)
 
 
 def _packing_violations(topology: Topology, plan: RolePlan) -> list[Violation]:
     try:
         pack(shape_of_plan(topology, plan))
+    except ValidationError:
+        return []  # a role-plan value outside the recipe's range: compose_recipe names it
     except PackingError as error:
         return [Violation(f"{RP}.num_inference_engines", str(error), _packing_fix(topology, plan, error.shape))]
     return []
@@ -227,7 +265,7 @@ def _fits(topology: Topology, plan: RolePlan) -> bool:
         return False
     try:
         pack(shape_of_plan(topology, plan))
-    except PackingError:
+    except (PackingError, ValidationError):
         return False
     return True
 

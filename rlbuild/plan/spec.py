@@ -9,15 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import date
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlbuild.core.errors import PreflightError, Violation
-from rlbuild.core.validation import violations
+from rlbuild.core.errors import Violation
 from rlbuild.core.wire import job_env_problems
-from rlbuild.core.yamlfile import load_yaml
 
 CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(?:\.(\d{1,4}))?$")
 MUTABLE_VERSION = "dev"
@@ -315,34 +312,6 @@ def check_node_sizes(experiment: Experiment, limits: NodeLimits) -> list[Violati
                 )
             )
     return out
-
-
-def parse_experiment(raw: Any, source: str) -> Experiment:
-    """Validate a parsed experiment mapping; raise PreflightError listing every structural problem."""
-    if not isinstance(raw, dict):
-        raise PreflightError(source, [Violation("<root>", "must be a mapping of the experiment's fields")])
-    try:
-        return Experiment.model_validate(raw)
-    except ValidationError as exc:
-        found = violations(exc, raw, Experiment)
-    raise PreflightError(source, found + _arithmetic_of_parts(raw))
-
-
-def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:
-    """Role-plan arithmetic of the sections that did parse, so one run reports every problem."""
-    from rlbuild.plan.roleplan import check_role_plan
-
-    try:
-        topology = Topology.model_validate(raw.get("topology"))
-        plan = RolePlan.model_validate(raw.get("role_plan"))
-        runtime = Runtime.model_validate(raw.get("runtime"))
-    except ValidationError:
-        return []
-    return check_role_plan(topology, plan, runtime)
-
-
-def load_experiment(path: Path) -> Experiment:
-    return parse_experiment(load_yaml(path, "experiment"), str(path))
 
 
 def check_version(version: str) -> list[Violation]:

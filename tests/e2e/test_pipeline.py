@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from rlbuild.core.streams import read_stream
-from tests.conftest import EXPERIMENTS, REPO, S3Server, copy_of_the_code, run_snakemake
+from rlbuild.dev.s3 import S3Server
+from tests.conftest import EXPERIMENTS, REPO, copy_of_the_code, run_snakemake
 from tests.spine.test_graph import job_counts
 
 VERSION = "2026.09.21"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlbuild.core.wire import RAY_PORT_NAMES
+from rlbuild.dev.iris_cluster import LocalIris
 from tests.iris.conftest import (
     REPO,
     S3,
@@ -23,7 +24,6 @@ from tests.iris.conftest import (
     wait_for,
     workflow_copy,
 )
-from tests.iris.local_cluster import LocalIris
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SUBMITTED = re.compile(r"Submitted gang to Iris as 2-node gang (\S+)")
@@ -201,9 +201,9 @@ def test_a_gang_that_cannot_succeed_on_retry_is_not_retried(iris: LocalIris, iri
     from iris.cluster.types import JobName
 
     from rlbuild.contracts import runtime
+    from rlbuild.dev.launches import write_test_launch
     from snakemake_executor_plugin_iris.client import Iris, Submission
     from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, shell
-    from tests.launches import write_test_launch
 
     launch = write_test_launch(tmp_path)
     launch.write_text(launch.read_text().replace(runtime.source_digest(), "feed" * 16))

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from rlbuild.contracts.launch import parse_launch
+from rlbuild.dev.iris_cluster import LocalIris
 from tests.conftest import EXPERIMENTS
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, start_snakemake, wait_for
-from tests.iris.local_cluster import LocalIris
 from tests.iris.test_gang import task_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -91,7 +91,7 @@ def resumed_in_status(experiment: Path, s3: S3, iris: LocalIris, monkeypatch: py
     """The train entry of `rlbuild status` once it shows the restart and "resumed from step N", before the end."""
     from rlbuild.ops.status import Options, gather
     from rlbuild.ops.statusview import format_status
-    from rlbuild.plan.spec import load_experiment
+    from rlbuild.plan.preflight import load_experiment
 
     for name, value in s3.env.items():
         if name.startswith("SNAKEMAKE_STORAGE_S3_"):

@@ -13,11 +13,10 @@ import pytest
 import yaml
 
 from rlbuild.contracts.sources import parse_source
-from rlbuild.plan.preflight import check_experiment
+from rlbuild.dev.launches import experiment_document, write_test_launch
+from rlbuild.plan.preflight import check_experiment, parse_experiment
 from rlbuild.plan.resolve import resolve
-from rlbuild.plan.spec import parse_experiment
 from rlbuild.stages.staging import stage_data
-from tests.launches import experiment_document, write_test_launch
 
 PACKAGE = '''
 class Quarter:

@@ -9,8 +9,8 @@ import pytest
 
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 from rlbuild.plan.identity import check_drift, check_training_runtime
+from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import build_records, resolve
-from rlbuild.plan.spec import parse_experiment
 from tests.spine.experiments import experiment
 
 VERSION = "2026.09.21"

@@ -10,8 +10,8 @@ import yaml
 
 from rlbuild.core.errors import PreflightError
 from rlbuild.plan.planview import format_plan
+from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
-from rlbuild.plan.spec import parse_experiment
 from tests.conftest import EXPERIMENTS, run_snakemake
 from tests.spine.experiments import experiment
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rlbuild.core.errors import PreflightError
-from rlbuild.plan.spec import parse_experiment
+from rlbuild.plan.preflight import parse_experiment
 from rlbuild.workflow import Graph
 from tests.conftest import EXPERIMENTS, run_snakemake
 from tests.spine.experiments import experiment

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from rlbuild.cli import main
+from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
-from rlbuild.plan.spec import parse_experiment
 from tests.spine.experiments import experiment, write
 
 SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "recipe", "env"]

@@ -12,11 +12,10 @@ import yaml
 
 from rlbuild.cli import main
 from rlbuild.contracts.tinymodel import tiny_model_config
+from rlbuild.dev.launches import base_model_dir
 from rlbuild.plan.modelcheck import check_staged_inputs, source_model_config
-from rlbuild.plan.preflight import check_experiment
-from rlbuild.plan.spec import parse_experiment
+from rlbuild.plan.preflight import check_experiment, parse_experiment
 from tests.conftest import EXPERIMENTS
-from tests.launches import base_model_dir
 from tests.spine.experiments import SEED_64_GPU, experiment
 
 TP_FIELD = "role_plan.inference_engine_tensor_parallel_size"

@@ -80,7 +80,7 @@ def test_fully_async_with_equal_batches_and_separate_roles_passes() -> None:
 
 def test_tensor_parallel_size_must_divide_the_models_heads() -> None:
     from rlbuild.plan.modelcheck import check_model
-    from rlbuild.plan.spec import parse_experiment
+    from rlbuild.plan.preflight import parse_experiment
 
     doc = parse_experiment(experiment(role_plan__inference_engine_tensor_parallel_size=8), "t")
     (violation,) = check_model({"num_attention_heads": 12, "num_key_value_heads": 4}, doc, None)

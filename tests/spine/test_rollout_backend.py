@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rlbuild.plan.planview import format_plan
-from rlbuild.plan.preflight import check_experiment, vllm_version
+from rlbuild.plan.preflight import check_experiment, parse_experiment, vllm_version
 from rlbuild.plan.resolve import resolve
-from rlbuild.plan.spec import parse_experiment
 from tests.spine.experiments import experiment
 
 NO_VLLM = pytest.mark.skipif(vllm_version() is not None, reason="this runtime has vLLM (scripts/setup.sh --extra gpu)")

@@ -16,7 +16,7 @@ from rlbuild.contracts.checkpoints import CheckpointLayoutError
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import describe_files, payload_files
 from rlbuild.core import storage
-from tests.launches import write_test_launch
+from rlbuild.dev.launches import write_test_launch
 from trainer import loop, sharding, tiny
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.errors import TrainerError

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-from tests.launches import base_model_dir
+from rlbuild.dev.launches import base_model_dir
 from trainer import engines, tasks, weight_sync
 from trainer.batch import build_batch
 from trainer.engines import SamplingParams, TorchEngine

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rlbuild.contracts.launch import load_launch
-from tests.launches import write_test_launch
+from rlbuild.dev.launches import write_test_launch
 from trainer import loop
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"

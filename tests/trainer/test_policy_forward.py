@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.launches import base_model_dir
+from rlbuild.dev.launches import base_model_dir
 from trainer import tasks
 from trainer.batch import build_batch
 from trainer.engines import SamplingParams, TorchEngine

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.launches import placeable, write_test_launch
+from rlbuild.dev.launches import write_test_launch
+from tests.launches import placeable
 
 METRIC_KEYS = {
     "reward/mean",

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import MANIFEST, ManifestMismatchError, read_manifest
 from rlbuild.core import storage
-from tests.launches import placeable, write_test_launch
+from rlbuild.dev.launches import write_test_launch
+from tests.launches import placeable
 from trainer import grpo, tasks
 from trainer.batch import UpdateBatch, update_batch
 from trainer.engines import SamplingParams, TorchEngine
