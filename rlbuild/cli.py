@@ -15,13 +15,13 @@ from rlbuild.contracts.launch import dump_launch
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RlbuildError
 from rlbuild.core.redact import redact_text
-from rlbuild.core.wire import ALLOW_RETRAIN
+from rlbuild.core.wire import ALLOW_RETRAIN, INTERRUPTED_EXIT_CODE
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.job import interrupts
 from rlbuild.plan.identity import derived_record
 from rlbuild.plan.planview import format_plan, plan_dict
+from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve_file
-from rlbuild.plan.spec import check_node_sizes, load_experiment
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -56,26 +56,18 @@ def _derived(launch_record: str, kind: str) -> dict:
 def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
     and the Slurm partition where Slurm answers (sinfo)."""
-    from rlbuild.plan.slurm import partition_problems
-    from rlbuild.plan.versioning import checked_plan
+    from rlbuild.plan.versioning import check_all
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
-    plans, errors = {}, []
+    versions = [args.version] if args.version is not None else config.versions
+    plans: dict[str, Plan] = {}
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
-        experiment = load_experiment(path)
-        errors += partition_problems(experiment) + check_node_sizes(experiment, config.node_limits)
+        plans, errors = check_all(load_experiment(path), versions, storage_root, str(path), config.node_limits)
     except RlbuildError as exc:
-        experiment, errors = None, exc.as_violations()
-    for version in [args.version] if args.version is not None else config.versions:
-        if experiment is None:
-            break
-        try:
-            plans[version] = checked_plan(experiment, version, storage_root, str(path))
-        except RlbuildError as exc:
-            errors += exc.as_violations()
+        errors = exc.as_violations()
     if errors and not args.json:
         print(redact_text(str(PreflightError(str(args.experiment or config.experiment), errors))), file=sys.stderr)
     if args.json:
@@ -326,7 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
 
     _operator_commands(sub)
+    _stage_commands(sub)
+    return parser
 
+
+def _stage_commands(sub: argparse._SubParsersAction) -> None:
+    """The subcommands the rules call, one per stage."""
     for name, func, help_text in (
         ("base-model", cmd_base_model, "build the tiny base model in code (embedded default)"),
         ("stage-model", cmd_stage_model, "stage model + tokenizer with a manifest"),
@@ -378,7 +375,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--record", required=True)
     evaluate.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k")
     evaluate.set_defaults(func=cmd_eval)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rlbuild: {exc}; its partial output is not a finished artifact (no record), a rerun builds it",
             file=sys.stderr,
         )
-        return interrupts.INTERRUPTED_EXIT_CODE
+        return INTERRUPTED_EXIT_CODE
     except PreflightError as exc:
         print(redact_text(str(exc)), file=sys.stderr)
         return EXIT_INVALID
