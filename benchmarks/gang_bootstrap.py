@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rlbuild.dev.iris_cluster import LocalIris  # noqa: E402
 from snakemake_executor_plugin_iris.client import Iris, Submission  # noqa: E402
 from snakemake_executor_plugin_iris.executor import RAY_PORTS  # noqa: E402
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, shell  # noqa: E402
-from tests.iris.local_cluster import LocalIris  # noqa: E402
 
 ALIVE = re.compile(r"Ray nodes alive: (\d+)/\d+ after ([\d.]+)s since gang start")
 

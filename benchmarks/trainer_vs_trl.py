@@ -42,8 +42,8 @@ from rlbuild.contracts.launch import LaunchDocument, load_launch  # noqa: E402
 from rlbuild.contracts.metricstream import parse_lines  # noqa: E402
 from rlbuild.contracts.recipe import Recipe  # noqa: E402
 from rlbuild.core.storage import read_text  # noqa: E402
+from rlbuild.dev.launches import base_model_dir, deep_merge, write_test_launch  # noqa: E402
 from rlbuild.plan.resolve import resolve_file  # noqa: E402
-from tests.launches import base_model_dir, deep_merge, write_test_launch  # noqa: E402
 from trainer import loop, tasks  # noqa: E402
 from trainer.evaluate import evaluate  # noqa: E402
 

@@ -67,7 +67,9 @@ def _cached(name: str, sources: tuple[Path, ...], make: Callable[[Path], None]) 
 def base_model_dir(seed: int = 0) -> Path:
     """The tiny warm-started base model, built once per tiny.py source, architecture and seed."""
     sources = (REPO / "trainer" / "tiny.py", TINY_MODEL_FILE)
-    return _cached(f"tiny-base-{seed}", sources, lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed)))
+    return _cached(
+        f"tiny-base-{seed}", sources, lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed))
+    )
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
