@@ -29,9 +29,9 @@ from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
 from rlbuild.plan import environments
 from rlbuild.plan.identity import derived_record, make_record
-from rlbuild.plan.preflight import check_experiment
+from rlbuild.plan.preflight import check_experiment, load_experiment
 from rlbuild.plan.roleplan import Geometry, geometry
-from rlbuild.plan.spec import Experiment, check_version, load_experiment
+from rlbuild.plan.spec import Experiment, check_version
 from rlbuild.stages.staging import local_content_digest
 
 BASE_MODEL_SOURCE = "artifact:base_model"
@@ -114,8 +114,24 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
         },
     )
     launch_deps = {k: records[k]["identity"] for k in ("stage_model", "stage_data")}
+    records["launch"] = make_record(
+        experiment=name,
+        kind="launch",
+        version=version,
+        fields=_launch_fields(experiment, version, recipe, digest, launch_deps),
+        deps=launch_deps,
+    )
+    for kind in ("train", "export", "eval"):
+        records[kind] = derived_record(records["launch"], kind)
+    return records
+
+
+def _launch_fields(
+    experiment: Experiment, version: str, recipe: Recipe, digest: str, deps: dict[str, str]
+) -> dict[str, Any]:
+    """The identity-bearing fields of the launch record: what the training computes from, and with which code."""
     launch_fields = {
-        "name": name,
+        "name": experiment.name,
         "version": version,
         "runtime": {**experiment.runtime.model_dump(), "source_digest": digest},
         "seed": experiment.seed,
@@ -123,7 +139,7 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
         "role_plan": experiment.role_plan.model_dump(),
         "retention": experiment.retention.model_dump(),
         "recipe": recipe.model_dump(mode="json"),
-        "deps": launch_deps,
+        "deps": deps,
     }
     env_provider = environments.providers([recipe.environment.env_class])
     if env_provider:
@@ -131,12 +147,26 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
     numeric = numeric_env(experiment.execution.env)
     if numeric:  # only these job variables change what training computes; the rest are placement
         launch_fields["env"] = numeric
-    records["launch"] = make_record(
-        experiment=name, kind="launch", version=version, fields=launch_fields, deps=launch_deps
+    return launch_fields
+
+
+def _iris_section(experiment: Experiment) -> Iris:
+    """The launch document's scheduler request: the allocation, and Iris's own settings where the experiment sets
+    them."""
+    iris, topology = experiment.execution.iris, experiment.topology
+    return Iris(
+        cluster=iris.cluster if iris else None,
+        allocation=Allocation(
+            num_nodes=topology.num_nodes,
+            gpus_per_node=topology.gpus_per_node,
+            gpu_variant=topology.gpu_variant,
+            cpu=iris.cpu if iris else None,
+            memory=iris.memory if iris else None,
+            disk=iris.disk if iris else None,
+        ),
+        priority=iris.priority if iris else None,
+        max_retries=iris.max_retries if iris else None,
     )
-    for kind in ("train", "export", "eval"):
-        records[kind] = derived_record(records["launch"], kind)
-    return records
 
 
 def build_launch(
@@ -144,7 +174,6 @@ def build_launch(
 ) -> LaunchDocument:
     """The launch document of a resolved version (rlbuild/contracts/launch.py says what each section means)."""
     temporary = temporary_paths(experiment, version, records["train"]["fingerprint"])
-    iris, topology = experiment.execution.iris, experiment.topology
     data_root = join(root, artifact("stage_data").version_folder(version))
     data_identity = records["stage_data"]["identity"]
     return LaunchDocument(
@@ -161,19 +190,7 @@ def build_launch(
             strategy=experiment.runtime.strategy,
             source_digest=digest,
         ),
-        iris=Iris(
-            cluster=iris.cluster if iris else None,
-            allocation=Allocation(
-                num_nodes=topology.num_nodes,
-                gpus_per_node=topology.gpus_per_node,
-                gpu_variant=topology.gpu_variant,
-                cpu=iris.cpu if iris else None,
-                memory=iris.memory if iris else None,
-                disk=iris.disk if iris else None,
-            ),
-            priority=iris.priority if iris else None,
-            max_retries=iris.max_retries if iris else None,
-        ),
+        iris=_iris_section(experiment),
         ingress=Ingress(mode="ray_actors"),
         ray=Ray(address=None, rendezvous_dir=join(root, temporary.attempts, "rendezvous")),
         artifacts=Artifacts(
