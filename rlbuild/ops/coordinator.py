@@ -72,9 +72,7 @@ def submit(
     repo: Path,
 ) -> tuple[str, bool]:
     """Submit the coordinator, or find the one of these targets that runs. Returns (Iris job id, adopted)."""
-    from snakemake_executor_plugin_iris.client import Iris, Submission
-    from snakemake_executor_plugin_iris.errors import IrisSubmitError
-    from snakemake_executor_plugin_iris.requests import Placement, shell
+    from rlbuild.schedulers.iris import Iris, IrisSubmitError, Placement, Submission, shell
 
     name = coordinator_name(experiment_root, targets)
     place = Placement(

@@ -1,9 +1,13 @@
-"""The executor's use of the Iris client: submit a placement, find an earlier submission, report failures."""
+"""The one Iris client (the Iris library's), for the executor plugin and the coordinator: submit a placement,
+find an earlier submission, follow a job, report failures. What a status round asks of many jobs at once, without
+the client library, is `rlbuild/schedulers/jobstate.py`."""
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from dataclasses import dataclass
+from enum import Enum
 
 import httpx
 from connectrpc.code import Code
@@ -17,11 +21,55 @@ from iris.rpc.proto_display import priority_band_value
 from rigging.secrets import SecretBehavior
 from rigging.timing import Duration
 
-from snakemake_executor_plugin_iris.errors import IrisSubmitError
-from snakemake_executor_plugin_iris.requests import Placement
-from snakemake_executor_plugin_iris.status import Outcome, outcome
+from rlbuild.core.errors import RlbuildError
 
 STATE_RPC = "iris.cluster.ControllerService/GetJobState"
+
+
+class IrisSubmitError(RlbuildError):
+    """Iris refused a job, or did not answer."""
+
+
+class Outcome(Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+def outcome(state: JobState | str) -> Outcome:
+    """SUCCEEDED only for `succeeded`; any other terminal state (failed, killed, worker_failed, unschedulable,
+    or one a later Iris adds) is FAILED; everything else is still RUNNING."""
+    from iris.client import JobState
+    from iris.resources.state import is_job_finished
+
+    if isinstance(state, str):  # the wire name, as GetJobState's JSON answers (`running`)
+        try:
+            state = JobState(state)
+        except ValueError:  # a state this client does not know yet: not running, not succeeded
+            return Outcome.FAILED
+    if state is JobState.SUCCEEDED:
+        return Outcome.SUCCEEDED
+    if is_job_finished(state):
+        return Outcome.FAILED
+    return Outcome.RUNNING
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Resources of one Iris job: `replicas` tasks of this size each."""
+
+    replicas: int
+    cpu: float
+    memory: str
+    disk: str
+    gpu_variant: str | None
+    gpus_per_node: int
+    priority: str
+    max_retries: int
+    coschedule: str | None
+    # The rule declared `gpu_nodes`: its tasks run the gang bootstrap (Ray under a short socket folder, the
+    # runtime-digest check), also for one node and for CPU "GPUs" (the embedded default).
+    is_gang: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +173,11 @@ class Iris:
 
     def close(self) -> None:
         self.client.shutdown()
+
+
+def shell(cwd: str, command: str) -> list[str]:
+    """Iris tasks start in the controller's folder: run the command from the submitter's."""
+    return ["bash", "-c", f"cd {shlex.quote(cwd)} && {command}"]
 
 
 def probe(url: str, timeout_s: float = 10.0) -> None:

@@ -202,8 +202,8 @@ def test_a_gang_that_cannot_succeed_on_retry_is_not_retried(iris: LocalIris, iri
 
     from rlbuild.contracts import runtime
     from rlbuild.dev.launches import write_test_launch
-    from snakemake_executor_plugin_iris.client import Iris, Submission
-    from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, shell
+    from rlbuild.schedulers.iris import Iris, Submission, shell
+    from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement
 
     launch = write_test_launch(tmp_path)
     launch.write_text(launch.read_text().replace(runtime.source_digest(), "feed" * 16))

@@ -15,11 +15,11 @@ from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.job.gang import RuntimeMismatchError, check_runtime
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
+from rlbuild.schedulers.iris import Outcome, outcome
 from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
-from snakemake_executor_plugin_iris.status import Outcome, outcome
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
