@@ -33,3 +33,15 @@ def test_trainer_vs_trl_compares_the_same_objective_and_times_both_sides() -> No
     assert checked.count("agreement on a fixed batch") == 2
     timed = _bench("benchmarks/trainer_vs_trl.py", "--steps", "3", "--rows", "grpo")
     assert "speed-up" in timed and "s/step" in timed
+
+
+@pytest.mark.slow
+def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
+    out = _bench("benchmarks/gang_bootstrap.py", "--sizes", "1", "--repeats", "1")
+    assert "gang start -> all alive" in out
+
+
+@pytest.mark.slow
+def test_fsdp_cpu_benchmark_prints_its_ratios() -> None:
+    out = _bench("benchmarks/fsdp_cpu.py", "--steps", "2")
+    assert "FSDP2" in out
