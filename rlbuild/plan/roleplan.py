@@ -99,11 +99,18 @@ def check_role_plan(topology: Topology, plan: RolePlan, runtime: Runtime) -> lis
     return out
 
 
+def _engine_sizes(plan: RolePlan) -> tuple[int, int, int]:
+    """One engine's (TP, PP, DP)."""
+    return (
+        plan.inference_engine_tensor_parallel_size,
+        plan.inference_engine_pipeline_parallel_size,
+        plan.inference_engine_data_parallel_size,
+    )
+
+
 def _count_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[Violation]:
     """The GPU arithmetic: nodes, slices and totals."""
-    tp = plan.inference_engine_tensor_parallel_size
-    pp = plan.inference_engine_pipeline_parallel_size
-    dp = plan.inference_engine_data_parallel_size
+    tp, pp, dp = _engine_sizes(plan)
     gpn = topology.gpus_per_node
     out: list[Violation] = []
 
@@ -144,9 +151,7 @@ def _count_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[V
 
 def _colocated_violations(topology: Topology, plan: RolePlan, g: Geometry) -> list[Violation]:
     """Colocated roles: the engine slice tiles a node, no reference nodes, policy GPUs == rollout GPUs."""
-    tp = plan.inference_engine_tensor_parallel_size
-    pp = plan.inference_engine_pipeline_parallel_size
-    dp = plan.inference_engine_data_parallel_size
+    tp, pp, dp = _engine_sizes(plan)
     gpn = topology.gpus_per_node
     out: list[Violation] = []
     if gpn % g.engine_slice:
