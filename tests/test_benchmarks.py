@@ -36,6 +36,10 @@ def test_trainer_vs_trl_compares_the_same_objective_and_times_both_sides() -> No
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="the local cluster's fake H100 workers advertise 192.0.2.x, so Ray cannot reach a gang's head (issue 19)",
+)
 def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
     out = _bench("benchmarks/gang_bootstrap.py", "--sizes", "1", "--repeats", "1")
     assert "gang start -> all alive" in out
@@ -43,5 +47,5 @@ def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
 
 @pytest.mark.slow
 def test_fsdp_cpu_benchmark_prints_its_ratios() -> None:
-    out = _bench("benchmarks/fsdp_cpu.py", "--steps", "2")
+    out = _bench("benchmarks/fsdp_cpu.py", "--steps", "5")  # the first 3 steps are warm-up
     assert "FSDP2" in out
