@@ -81,7 +81,8 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
     """One training run in this process; returns its summary."""
     from rlbuild.contracts.launch import load_launch
     from rlbuild.dev.launches import deep_merge, write_test_launch
-    from trainer import evaluate, loop
+    from trainer import loop
+    from trainer.commands import evaluate
 
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"tiny-{task}.yaml").read_text())
     recipe = deep_merge(experiment["recipe"], overrides)

@@ -36,7 +36,7 @@ LAYERS: dict[str, set[str]] = {
         "rlbuild.plan",
         "rlbuild.stages",
     },
-    "rlbuild.dev": {"rlbuild.core", "rlbuild.contracts", "rlbuild.schedulers", "rlbuild.plan"},
+    "rlbuild.dev": {"rlbuild.core", "rlbuild.contracts", "rlbuild.schedulers", "rlbuild.stages", "rlbuild.plan"},
     "rlbuild": {"rlbuild.*"},
     "trainer": {"rlbuild.core", "rlbuild.contracts"},
     PLUGIN: {"rlbuild.core", "rlbuild.schedulers"},

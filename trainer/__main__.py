@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
-from trainer import evaluate, export, tasks, tiny
+from trainer import tasks, tiny
+from trainer.commands import evaluate, export
 from trainer.errors import TrainerError
 
 

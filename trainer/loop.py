@@ -27,18 +27,20 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.manifest import materialise
 from rlbuild.contracts.metricstream import read_run_metrics, write_run_metrics
 from rlbuild.core import storage
-from trainer import continuation, data, evaluate, grpo
+from trainer import continuation, data
 from trainer import env as environments
-from trainer.batch import update_batch
 from trainer.checkpoint import CheckpointManager, Resume
-from trainer.engines import SamplingParams, resolve_backend
+from trainer.commands import evaluate
 from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
-from trainer.placement import start_roles
 from trainer.rewards import rewards as score_rollouts
-from trainer.roles import Roles
 from trainer.terminal import write_terminal
+from trainer.workers import grpo
+from trainer.workers.batch import update_batch
+from trainer.workers.engines import SamplingParams, resolve_backend
+from trainer.workers.placement import start_roles
+from trainer.workers.roles import Roles
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.contracts.progress import Progress
 from rlbuild.core.redact import redact_text
-from trainer import grpo
-from trainer.batch import UpdateBatch
-from trainer.engines import Rollout
 from trainer.errors import TrainerError
+from trainer.workers import grpo
+from trainer.workers.batch import UpdateBatch
+from trainer.workers.engines import Rollout
 
 # What the progress line shows, and how it labels it.
 PROGRESS = (

@@ -17,9 +17,10 @@ from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import describe_files, payload_files
 from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
-from trainer import loop, sharding, tiny
+from trainer import loop, tiny
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.errors import TrainerError
+from trainer.workers import sharding
 
 
 def _write_policy(uri: str) -> dict[str, Any]:

@@ -12,12 +12,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
 from rlbuild.dev.launches import base_model_dir
-from trainer import engines, tasks, weight_sync
-from trainer.batch import build_batch
-from trainer.engines import SamplingParams, TorchEngine
+from trainer import tasks
 from trainer.errors import TrainerError
-from trainer.policy import forward_logprobs
-from trainer.sharding import free_port
+from trainer.workers import engines, weight_sync
+from trainer.workers.batch import build_batch
+from trainer.workers.engines import SamplingParams, TorchEngine
+from trainer.workers.policy import forward_logprobs
+from trainer.workers.sharding import free_port
 
 
 @pytest.fixture(scope="module")

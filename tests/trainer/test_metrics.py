@@ -13,9 +13,9 @@ import torch
 
 from rlbuild.contracts.metricstream import MetricsStream, merge, read_run_metrics, read_stream
 from rlbuild.core import storage
-from trainer.batch import UpdateBatch
-from trainer.engines import Rollout
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
+from trainer.workers.batch import UpdateBatch
+from trainer.workers.engines import Rollout
 
 STEPS = 500
 CHECKPOINT_EVERY = 50

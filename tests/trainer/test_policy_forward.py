@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlbuild.dev.launches import base_model_dir
 from trainer import tasks
-from trainer.batch import build_batch
-from trainer.engines import SamplingParams, TorchEngine
-from trainer.policy import _take, forward_logprobs
+from trainer.workers.batch import build_batch
+from trainer.workers.engines import SamplingParams, TorchEngine
+from trainer.workers.policy import _take, forward_logprobs
 
 GROUP = 4
 

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from rlbuild.contracts.recipe import Recipe
-from trainer.policy import LearningRateSchedule
+from trainer.workers.policy import LearningRateSchedule
 
 
 def test_constant_with_warmup() -> None:

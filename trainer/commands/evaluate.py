@@ -18,8 +18,8 @@ from rlbuild.contracts.rows import read_rows
 from rlbuild.core import storage
 from trainer import env as environments
 from trainer.data import encode_prompts
-from trainer.engines import Rollout, SamplingParams, TorchEngine
 from trainer.rewards import rewards
+from trainer.workers.engines import Rollout, SamplingParams, TorchEngine
 
 Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
 

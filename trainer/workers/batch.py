@@ -1,6 +1,6 @@
 """A step's rollouts as the tensors the policy ranks train on: padded sequences, advantages, loss weights, shards.
 
-Loss weights normalise over each whole optimizer mini-batch (trainer/grpo.py), and rank r gets the r-th
+Loss weights normalise over each whole optimizer mini-batch (trainer/workers/grpo.py), and rank r gets the r-th
 contiguous slice of every mini-batch, so the gradient is the same whatever the micro-batch size or world size.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from rlbuild.contracts.recipe import Recipe
-from trainer import grpo
-from trainer.engines import Rollout
+from trainer.workers import grpo
+from trainer.workers.engines import Rollout
 
 Batch = dict[str, torch.Tensor]
 

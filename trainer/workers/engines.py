@@ -22,10 +22,10 @@ from transformers import AutoModelForCausalLM
 
 from rlbuild.contracts.recipe import GeneratorSection
 from rlbuild.contracts.recipe import SamplingParams as RecipeSampling
-from trainer import weight_sync
 from trainer.errors import TrainerError
-from trainer.grpo import token_logprobs
-from trainer.weight_sync import TensorSpec
+from trainer.workers import weight_sync
+from trainer.workers.grpo import token_logprobs
+from trainer.workers.weight_sync import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class InferenceEngine(Protocol):
         ...
 
     def open_weight_sync(self, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
-        """Join the weight-sync group (trainer/weight_sync.py) as ranks first_rank..first_rank + sync_ranks - 1."""
+        """Join the weight-sync group (trainer/workers/weight_sync.py) as ranks first_rank..first_rank +
+        sync_ranks - 1."""
         ...
 
     def receive_weights(self, specs: list[TensorSpec]) -> None:
@@ -203,8 +204,8 @@ class VLLMEngine:
         from vllm import LLM
 
         self.ranks = tensor_parallel_size * pipeline_parallel_size * data_parallel_size
-        # Several GPUs: Ray workers in the engine's own placement-group bundles (trainer/placement.py), not local
-        # processes that would take whatever GPUs the node shows.
+        # Several GPUs: Ray workers in the engine's own placement-group bundles (trainer/workers/placement.py), not
+        # local processes that would take whatever GPUs the node shows.
         several = tensor_parallel_size * pipeline_parallel_size > 1
         self.llm = LLM(
             model=str(model_dir),

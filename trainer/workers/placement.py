@@ -32,11 +32,11 @@ from rlbuild.contracts.layout import Layout, pack, shape_of_recipe
 from rlbuild.contracts.manifest import materialise
 from rlbuild.contracts.recipe import Recipe
 from rlbuild.core.wire import RANK_RESOURCE
-from trainer.engines import make_engine
 from trainer.errors import TrainerError
-from trainer.policy import PolicyWorker
-from trainer.reference import ReferenceWorker
-from trainer.roles import Roles, rendezvous
+from trainer.workers.engines import make_engine
+from trainer.workers.policy import PolicyWorker
+from trainer.workers.reference import ReferenceWorker
+from trainer.workers.roles import Roles, rendezvous
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACEMENT_TIMEOUT_S = 180
@@ -86,7 +86,8 @@ def short_temp_dir() -> str:
 
 
 class EngineActor:
-    """An inference engine in its own Ray actor (the engine objects are plain classes; see trainer/engines.py)."""
+    """An inference engine in its own Ray actor (the engine objects are plain classes; see
+    trainer/workers/engines.py)."""
 
     def __init__(
         self, backend: str, model_uri: str, cache_dir: str, recipe: Recipe, bundles: list[int], gpu_share: float

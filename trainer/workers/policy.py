@@ -1,12 +1,12 @@
 """The policy worker: one data-parallel rank of the policy (and its frozen reference), run as a Ray actor.
 
 Ranks form a torch.distributed group (gloo on CPU, NCCL on GPU) and the model (with the reference it keeps) is
-`fully_shard`ed over it, on CPU as on GPU (trainer/sharding.py). Checkpoints are sharded (one DCP file per
+`fully_shard`ed over it, on CPU as on GPU (trainer/workers/sharding.py). Checkpoints are sharded (one DCP file per
 rank); the weights the engines receive, and the HF folder of the terminal checkpoint, are the full state dict
 gathered to rank 0.
 
 A training batch arrives already sharded by the driver: for each optimizer mini-batch, this rank holds a
-contiguous slice, with per-token loss weights that normalise over the *whole* mini-batch (see trainer/grpo.py),
+contiguous slice, with per-token loss weights that normalise over the *whole* mini-batch (see trainer/workers/grpo.py),
 so the gradient is the same whatever the micro-batch size or number of ranks.
 """
 
@@ -14,22 +14,15 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from rlbuild.contracts import checkpoints as layout
-from rlbuild.contracts.manifest import describe_files, payload_files, verify_stored
 from rlbuild.contracts.recipe import Recipe
-from rlbuild.core import storage
-from trainer import grpo, sharding, weight_sync
+from trainer.workers import grpo, sharding
+from trainer.workers.policy_weights import PolicyWeights
 
 
 def forward_logprobs(
@@ -127,7 +120,10 @@ def score(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: f
     return out
 
 
-class PolicyWorker(sharding.Rank):
+class PolicyWorker(PolicyWeights, sharding.Rank):
+    """A policy rank: setup, then the GRPO update (`train_step`, top to bottom below); what it does with its weights
+    besides updating them (the sync to the engines, checkpoints, the HF folder) is PolicyWeights'."""
+
     def __init__(
         self, rank: int, world_size: int, recipe: Recipe, model_uri: str, cache_dir: str, num_threads: int
     ) -> None:
@@ -192,7 +188,7 @@ class PolicyWorker(sharding.Rank):
         forward_rows = self.recipe.trainer.micro_forward_batch_size_per_gpu
         temperature = self.recipe.generator.sampling_params.temperature
         self.model.eval()
-        # Reference logprobs come with the shard when the reference has GPUs of its own (trainer/reference.py).
+        # Reference logprobs come with the shard when the reference has GPUs of its own (trainer/workers/reference.py).
         ref = shard.get("ref_logprobs")
         if ref is None and self.ref is not None:
             ref = score(self.ref, shard, temperature, forward_rows)
@@ -302,24 +298,6 @@ class PolicyWorker(sharding.Rank):
         sums["clipped_tokens"] += (clipped * mask).sum()
         return loss, old
 
-    # ------------------------------------------------------------------ weights and checkpoints
-
-    def open_weight_sync(self, backend: str, master_addr: str, port: int, world_size: int) -> None:
-        """Host the weight-sync group as its rank 0 (called on rank 0, with every engine joining at once)."""
-        self.weight_sync = (weight_sync.open_group(backend, master_addr, port, 0, world_size), backend)
-
-    def weight_specs(self) -> list[weight_sync.TensorSpec] | None:
-        """Names, shapes and dtypes of the full weights, on rank 0; None elsewhere. Every rank must call this."""
-        state = sharding.full_state(self.model)
-        return weight_sync.specs_of(state) if self.rank == 0 else None
-
-    def broadcast_weights(self) -> None:
-        """Gather the full weights and broadcast them to the engines (rank 0 sends). Every rank must call this."""
-        state = sharding.full_state(self.model)
-        if self.rank == 0:
-            group, backend = self.weight_sync
-            weight_sync.send(group, state, backend)
-
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         """Temperature-1 logprobs of token_ids[start:], for the weight-sync check. Every rank must call this."""
         ids = torch.tensor([token_ids], device=self.device)
@@ -328,44 +306,6 @@ class PolicyWorker(sharding.Rank):
         with torch.no_grad():
             logp, _ = forward_logprobs(self.model, batch, 1.0, False)
         return logp[0].cpu().tolist()
-
-    def save_checkpoint(self, step_uri: str, with_hf_folder: bool) -> dict[str, Any]:
-        """Every rank writes its shards; with `with_hf_folder`, rank 0 also writes the full weights as an HF folder.
-        Returns the manifest entries of the files this rank wrote, relative to `step_uri`."""
-        shards = sharding.save(storage.join(step_uri, layout.SHARDED), self.model, self.optimizer, self.scheduler)
-        files = {f"{layout.SHARDED}/{rel}": entry for rel, entry in shards.items()}
-        if with_hf_folder:
-            state = sharding.full_state(self.model)
-            if self.rank == 0:
-                hf_files = self._write_hf_folder(state, storage.join(step_uri, layout.HF_FOLDER))
-                files |= {f"{layout.HF_FOLDER}/{rel}": entry for rel, entry in hf_files.items()}
-        return files
-
-    def _write_hf_folder(self, state: dict[str, torch.Tensor], uri: str) -> dict[str, Any]:
-        config = self.model.config
-        if config.tie_word_embeddings:
-            # A tied head shares the embedding's storage; safetensors refuses shared tensors, HF re-ties on load.
-            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-        with tempfile.TemporaryDirectory(prefix="hf-") as tmp:
-            out = Path(tmp)
-            save_file(
-                {k: v.contiguous() for k, v in state.items()}, out / "model.safetensors", metadata={"format": "pt"}
-            )
-            config.save_pretrained(out)
-            for path in self.model_dir.iterdir():
-                if path.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges")):
-                    shutil.copy2(path, out / path.name)
-            files = describe_files(dict(payload_files(out)))["files"]
-            storage.put_dir(out, uri)
-        return files
-
-    def verify_checkpoint(self, step_uri: str, files: dict[str, Any]) -> None:
-        """Check this rank's share of a checkpoint's files against its manifest before any rank loads it."""
-        verify_stored(step_uri, files)
-
-    def load_checkpoint(self, step_uri: str) -> None:
-        """Load this rank's shards of the weights, optimizer and scheduler. Every rank must call this."""
-        sharding.load(storage.join(step_uri, layout.SHARDED), self.model, self.optimizer, self.scheduler)
 
 
 _SUMMED = ("pg_loss", "kl_tokens", "entropy_tokens", "clipped_tokens")

@@ -1,7 +1,7 @@
 """What a policy rank does with its weights besides updating them: the broadcast to the engines, sharded
 checkpoints (save, verify, load) and the terminal checkpoint's Hugging Face folder.
 
-A mixin of trainer/policy.py's PolicyWorker (the Ray actor), so the update there reads top to bottom alone; it
+A mixin of trainer/workers/policy.py's PolicyWorker (the Ray actor), so the update there reads top to bottom alone; it
 uses the worker's model, optimizer, scheduler, rank and staged model folder.
 """
 
@@ -18,12 +18,12 @@ from safetensors.torch import save_file
 from rlbuild.contracts import checkpoints as layout
 from rlbuild.contracts.manifest import describe_files, payload_files, verify_stored
 from rlbuild.core import storage
-from trainer import sharding, weight_sync
+from trainer.workers import sharding, weight_sync
 
 
 class PolicyWeights:
     rank: int
-    model: Any  # a transformers model, sharded by trainer/sharding.py
+    model: Any  # a transformers model, sharded by trainer/workers/sharding.py
     model_dir: Path
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler

@@ -1,9 +1,9 @@
 """The reference role on GPUs of its own: a frozen copy of the initial policy that scores rollouts for the KL term.
 
 Used when the role plan gives the reference its own nodes (`Recipe.reference_workers` > 0). Its workers form a
-process group of their own and `fully_shard` the model over it, like the policy (trainer/sharding.py); each
+process group of their own and `fully_shard` the model over it, like the policy (trainer/workers/sharding.py); each
 scores an equal share of the step's rows, all in step, and the driver hands the scores to the policy ranks as
-`ref_logprobs`. Otherwise the policy workers keep the reference themselves (trainer/policy.py).
+`ref_logprobs`. Otherwise the policy workers keep the reference themselves (trainer/workers/policy.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlbuild.contracts.recipe import Recipe
-from trainer import sharding
-from trainer.policy import score
+from trainer.workers import sharding
+from trainer.workers.policy import score
 
 
 class ReferenceWorker(sharding.Rank):

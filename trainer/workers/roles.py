@@ -1,6 +1,6 @@
 """The roles of a run as the driver sees them: policy ranks, reference workers and rollout engines on Ray.
 
-Each method is one thing a GRPO step does with them; trainer/placement.py starts them.
+Each method is one thing a GRPO step does with them; trainer/workers/placement.py starts them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from rlbuild.contracts import checkpoints as layout
-from trainer.batch import Batch, UpdateBatch
-from trainer.engines import Rollout, SamplingParams, max_abs_difference
 from trainer.errors import TrainerError
-from trainer.weight_sync import TensorSpec
+from trainer.workers.batch import Batch, UpdateBatch
+from trainer.workers.engines import Rollout, SamplingParams, max_abs_difference
+from trainer.workers.weight_sync import TensorSpec
 
 
 class WeightSyncError(TrainerError):
@@ -69,7 +69,7 @@ class Roles:
         return stats[0]
 
     def open_weight_sync(self, backend: str) -> None:
-        """Open the policy -> engines broadcast group (trainer/weight_sync.py) and learn what it will carry."""
+        """Open the policy -> engines broadcast group (trainer/workers/weight_sync.py) and learn what it will carry."""
         if backend == "nccl" and not torch.cuda.is_available() and ray.cluster_resources().get("GPU", 0) == 0:
             raise TrainerError(
                 "generator.weight_sync_backend=nccl needs GPUs on the policy and the engines; this cluster has "

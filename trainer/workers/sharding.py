@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlbuild.contracts.manifest import describe_files, materialise, payload_files
 from rlbuild.core import storage
-from trainer import weight_sync
+from trainer.workers import weight_sync
 
 # Gathered to rank 0 in host memory: what the engines and the HF folder need.
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -59,7 +59,7 @@ def node_ip() -> str:
 
 
 class Rank:
-    """One rank of a role's process group, run as a Ray actor (trainer/placement.py starts them)."""
+    """One rank of a role's process group, run as a Ray actor (trainer/workers/placement.py starts them)."""
 
     def __init__(self, rank: int, world_size: int, model_uri: str, cache_dir: str, num_threads: int) -> None:
         torch.set_num_threads(num_threads)
