@@ -33,3 +33,4 @@ bench: setup
 	python benchmarks/dry_run.py
 	python benchmarks/trainer_vs_trl.py
 	python benchmarks/gang_bootstrap.py
+	python benchmarks/fsdp_cpu.py

@@ -4,10 +4,10 @@ import os
 import sys
 from pathlib import Path
 
-from rlbuild.artifacts import BY_KIND as ARTIFACT
-from rlbuild.errors import RlbuildError
-from rlbuild.interrupts import forward_to_jobs
-from rlbuild.jobenv import ALLOW_RETRAIN
+from rlbuild.contracts.artifacts import BY_KIND as ARTIFACT
+from rlbuild.core.errors import RlbuildError
+from rlbuild.job.interrupts import forward_to_jobs
+from rlbuild.core.wire import ALLOW_RETRAIN
 from rlbuild.workflow import Graph, experiment_file, fail, report_where_typed, workflow_config
 
 

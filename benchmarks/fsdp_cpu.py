@@ -3,8 +3,8 @@ and FSDP2 vs the bare model on 1 rank, measured in the same run.
 
     .venv/bin/python benchmarks/fsdp_cpu.py [--hidden 32] [--layers 2] [--steps 30]
 
-Each step is what a policy rank does per optimizer step (trainer/policy.py): 32 samples of 24 tokens split over
-the ranks, micro-batches of 8, backward, gradient clipping, fused AdamW. FSDP2 is trainer/sharding.py's
+Each step is what a policy rank does per optimizer step (trainer/workers/policy.py): 32 samples of 24 tokens split over
+the ranks, micro-batches of 8, backward, gradient clipping, fused AdamW. FSDP2 is trainer/workers/sharding.py's
 `shard`, forced onto one rank for the 1-rank comparison (the trainer keeps one rank unsharded). The last line
 prints the ratios, and the largest difference of the final weights from the 1-rank bare run.
 """

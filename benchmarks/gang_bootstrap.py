@@ -3,7 +3,7 @@ alive in Ray, for 2- and 4-node gangs of fake H100x8 workers; also submit-to-suc
 
     uv run python benchmarks/gang_bootstrap.py [--sizes 2 4] [--repeats 1]
 
-Each gang runs the real bootstrap (`python -m rlbuild.gang`, rendezvous in a local folder) with an empty job
+Each gang runs the real bootstrap (`python -m rlbuild.job.gang`, rendezvous in a local folder) with an empty job
 step, so the numbers are the bootstrap's own cost: Ray head start, workers joining, the all-alive check.
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from snakemake_executor_plugin_iris.client import Iris, Submission  # noqa: E402
-from snakemake_executor_plugin_iris.executor import RAY_PORTS  # noqa: E402
-from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, shell  # noqa: E402
-from tests.iris.local_cluster import LocalIris  # noqa: E402
+from rlbuild.core.wire import RAY_PORT_NAMES  # noqa: E402
+from rlbuild.dev.iris_cluster import LocalIris  # noqa: E402
+from rlbuild.schedulers.iris import Iris, Submission, shell  # noqa: E402
+from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement  # noqa: E402
 
 ALIVE = re.compile(r"Ray nodes alive: (\d+)/\d+ after ([\d.]+)s since gang start")
 
@@ -36,7 +36,7 @@ def run_gang(iris: Iris, nodes: int, rendezvous: Path) -> tuple[float, float]:
     command = gang_command(sys.executable, nodes, uuid.uuid4().hex[:12], "true", None, str(rendezvous), 300)
     name = f"bench-gang-{nodes}-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    job_id, _ = iris.submit(name, place, Submission(shell(str(REPO), command), {}, RAY_PORTS, 60, None))
+    job_id, _ = iris.submit(name, place, Submission(shell(str(REPO), command), {}, list(RAY_PORT_NAMES), 60, None))
     job = iris.client.job(job_id)
     status = job.wait(timeout=600, poll_interval=0.2, raise_on_failure=False)
     wall = time.monotonic() - started

@@ -60,7 +60,7 @@ def _perturbed_base(seed: int, scale: float) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from tests.launches import base_model_dir
+    from rlbuild.dev.launches import base_model_dir
 
     base = base_model_dir(seed)
     folder = base.with_name(f"{base.name}-perturbed-{scale:g}")
@@ -80,9 +80,10 @@ def _perturbed_base(seed: int, scale: float) -> Path:
 
 def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any], steps: int | None) -> dict[str, Any]:
     """One training run in this process; returns its summary."""
-    from rlbuild.launch import load_launch
-    from tests.launches import deep_merge, write_test_launch
-    from trainer import evaluate, loop
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.dev.launches import deep_merge, write_test_launch
+    from trainer import loop
+    from trainer.commands import evaluate
 
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"tiny-{task}.yaml").read_text())
     recipe = deep_merge(experiment["recipe"], overrides.get("recipe", {}))

@@ -38,14 +38,14 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rlbuild.launch import LaunchDocument, load_launch  # noqa: E402
-from rlbuild.metricstream import parse_lines  # noqa: E402
-from rlbuild.plan import resolve_file  # noqa: E402
-from rlbuild.recipe import Recipe  # noqa: E402
-from rlbuild.storage import read_text  # noqa: E402
-from tests.launches import base_model_dir, deep_merge, write_test_launch  # noqa: E402
+from rlbuild.contracts.launch import LaunchDocument, load_launch  # noqa: E402
+from rlbuild.contracts.metricstream import parse_lines  # noqa: E402
+from rlbuild.contracts.recipe import Recipe  # noqa: E402
+from rlbuild.core.storage import read_text  # noqa: E402
+from rlbuild.dev.launches import base_model_dir, deep_merge, write_test_launch  # noqa: E402
+from rlbuild.plan.resolve import resolve_file  # noqa: E402
 from trainer import loop, tasks  # noqa: E402
-from trainer.evaluate import evaluate  # noqa: E402
+from trainer.commands.evaluate import evaluate  # noqa: E402
 
 EXPERIMENT = REPO / "config" / "experiments" / "tiny-addition.yaml"
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by (std + 1e-4), a literal in GRPOTrainer._generate_and_score_completions
@@ -196,7 +196,7 @@ def fixed_batch(bench: Bench, launch: LaunchDocument) -> tuple[list[dict[str, st
     from transformers import AutoTokenizer
 
     from trainer import data
-    from trainer.engines import SamplingParams, TorchEngine
+    from trainer.workers.engines import SamplingParams, TorchEngine
 
     g, t = bench.recipe.generator, bench.recipe.trainer
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir(bench.seed))
@@ -210,8 +210,8 @@ def fixed_batch(bench: Bench, launch: LaunchDocument) -> tuple[list[dict[str, st
 
 def ours_on_batch(launch: LaunchDocument, prompts: list[list[int]], rollouts: list[Any], rewards: torch.Tensor) -> Any:
     """Our loss and gradient of the first optimizer step: the policy worker's own loss code, accumulated by micro."""
-    from trainer import grpo, policy, sharding
-    from trainer.batch import update_batch
+    from trainer.workers import grpo, policy, sharding
+    from trainer.workers.batch import update_batch
 
     recipe = launch.recipe
     t, g = recipe.trainer, recipe.generator
@@ -391,10 +391,11 @@ def profile_ours(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, fl
     in this process on the fixed batch, under cProfile."""
     from transformers import AutoTokenizer
 
-    from trainer import env, grpo, policy, sharding
-    from trainer.batch import update_batch
-    from trainer.engines import SamplingParams, TorchEngine
+    from trainer import env
     from trainer.rewards import rewards as score_rollouts
+    from trainer.workers import grpo, policy, sharding
+    from trainer.workers.batch import update_batch
+    from trainer.workers.engines import SamplingParams, TorchEngine
 
     launch = bench.launch(work, row)
     rows_, prompts, rollouts = fixed_batch(bench, launch)
@@ -417,8 +418,8 @@ def profile_ours(bench: Bench, work: Path, row: Row, steps: int) -> dict[str, fl
         finally:
             worker.shutdown()
     phases = {
-        "no-grad scoring (reference, old)": _cumulative(train, "score", "trainer/policy.py"),
-        "forward with grad (loss)": _cumulative(train, "_micro_loss", "trainer/policy.py"),
+        "no-grad scoring (reference, old)": _cumulative(train, "score", "trainer/workers/policy.py"),
+        "forward with grad (loss)": _cumulative(train, "_micro_loss", "trainer/workers/policy.py"),
         "backward": _cumulative(train, "backward", "torch/_tensor.py"),
         "clip + optimizer step": _cumulative(train, "clip_grad_norm_", "torch/nn/utils")
         + _cumulative(train, "step", "torch/optim/adam"),

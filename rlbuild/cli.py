@@ -11,16 +11,17 @@ import os
 import sys
 from pathlib import Path
 
-from rlbuild import interrupts, storage
-from rlbuild.errors import PreflightError, RlbuildError
-from rlbuild.identity import derived_record
-from rlbuild.jobenv import ALLOW_RETRAIN
-from rlbuild.launch import dump_launch
-from rlbuild.plan import Plan, resolve_file
-from rlbuild.planview import format_plan, plan_dict
-from rlbuild.redact import redact_text
-from rlbuild.spec import check_node_sizes, load_experiment
-from rlbuild.yamlfile import load_yaml
+from rlbuild.contracts.launch import dump_launch
+from rlbuild.core import storage
+from rlbuild.core.errors import PreflightError, RlbuildError
+from rlbuild.core.redact import redact_text
+from rlbuild.core.wire import ALLOW_RETRAIN, INTERRUPTED_EXIT_CODE
+from rlbuild.core.yamlfile import load_yaml
+from rlbuild.job import interrupts
+from rlbuild.plan.identity import derived_record
+from rlbuild.plan.planview import format_plan, plan_dict
+from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.resolve import Plan, resolve_file
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -55,26 +56,18 @@ def _derived(launch_record: str, kind: str) -> dict:
 def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
     and the Slurm partition where Slurm answers (sinfo)."""
-    from rlbuild.slurm import partition_problems
-    from rlbuild.versioning import checked_plan
+    from rlbuild.plan.versioning import check_all
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
-    plans, errors = {}, []
+    versions = [args.version] if args.version is not None else config.versions
+    plans: dict[str, Plan] = {}
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
-        experiment = load_experiment(path)
-        errors += partition_problems(experiment) + check_node_sizes(experiment, config.node_limits)
+        plans, errors = check_all(load_experiment(path), versions, storage_root, str(path), config.node_limits)
     except RlbuildError as exc:
-        experiment, errors = None, exc.as_violations()
-    for version in [args.version] if args.version is not None else config.versions:
-        if experiment is None:
-            break
-        try:
-            plans[version] = checked_plan(experiment, version, storage_root, str(path))
-        except RlbuildError as exc:
-            errors += exc.as_violations()
+        errors = exc.as_violations()
     if errors and not args.json:
         print(redact_text(str(PreflightError(str(args.experiment or config.experiment), errors))), file=sys.stderr)
     if args.json:
@@ -89,8 +82,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every artifact's state from storage (and the scheduler, for a running job); `--watch N` refreshes."""
     import time
 
-    from rlbuild.status import Options, gather, iris_url_from_environment, target_selection
-    from rlbuild.statusview import format_status
+    from rlbuild.ops.status import Options, gather, iris_url_from_environment, target_selection
+    from rlbuild.ops.statusview import format_status
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
@@ -113,7 +106,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     """(controller URL, experiment root in the Iris profile's storage) of `rlbuild submit` / `rlbuild cancel`."""
-    from rlbuild.status import unscoped
+    from rlbuild.ops.status import unscoped
     from rlbuild.workflow import experiment_file, workflow_config
 
     url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
@@ -139,7 +132,7 @@ def with_config(argv: list[str], entry: str) -> list[str]:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """The graph as a detached Iris job (a coordinator); returns once Iris has it."""
-    from rlbuild.coordinator import Size, submit
+    from rlbuild.ops.coordinator import Size, submit
 
     url, root = _submit_context(args)
     passed = (
@@ -156,7 +149,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Stop a detached coordinator and every job it submitted."""
-    from rlbuild.coordinator import cancel
+    from rlbuild.ops.coordinator import cancel
 
     url, root = _submit_context(args)
     cancelled = cancel(root, url, args.targets)
@@ -177,8 +170,8 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 
 def cmd_stage_model(args: argparse.Namespace) -> int:
-    from rlbuild.sources import parse_source
-    from rlbuild.staging import stage_model
+    from rlbuild.contracts.sources import parse_source
+    from rlbuild.stages.staging import stage_model
 
     plan = _plan(args)
     model = plan.experiment.model
@@ -195,8 +188,8 @@ def cmd_stage_model(args: argparse.Namespace) -> int:
 
 
 def cmd_stage_data(args: argparse.Namespace) -> int:
-    from rlbuild.sources import parse_source
-    from rlbuild.staging import stage_data
+    from rlbuild.contracts.sources import parse_source
+    from rlbuild.stages.staging import stage_data
 
     plan = _plan(args)
     data = plan.experiment.data
@@ -213,7 +206,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
 def cmd_resolve_launch(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if args.model and args.data:  # the staged inputs: checked before anything is written
-        from rlbuild.modelcheck import check_staged_inputs
+        from rlbuild.plan.modelcheck import check_staged_inputs
 
         train = sorted((Path(args.data) / "train").glob("*.jsonl"))
         problems = check_staged_inputs(Path(args.model), train, plan.recipe)
@@ -226,9 +219,9 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlbuild import chain
-    from rlbuild.attempt import run_logged
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.job import chain
+    from rlbuild.job.attempt import run_logged
 
     attempts = load_launch(args.launch).artifacts.attempts_root
     trainer_argv = ["run", "--launch", args.launch, "--terminal", args.terminal]
@@ -251,8 +244,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlbuild.evaluation import run_eval
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.stages.evaluation import run_eval
 
     launch = load_launch(args.launch)
     out = Path(args.out)
@@ -325,7 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
 
     _operator_commands(sub)
+    _stage_commands(sub)
+    return parser
 
+
+def _stage_commands(sub: argparse._SubParsersAction) -> None:
+    """The subcommands the rules call, one per stage."""
     for name, func, help_text in (
         ("base-model", cmd_base_model, "build the tiny base model in code (embedded default)"),
         ("stage-model", cmd_stage_model, "stage model + tokenizer with a manifest"),
@@ -377,7 +375,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--record", required=True)
     evaluate.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k")
     evaluate.set_defaults(func=cmd_eval)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     split = argv.index("--") if argv[:1] == ["submit"] and "--" in argv else len(argv)
     args = build_parser().parse_args(argv[:split])
     args.snakemake_args = argv[split + 1 :]
-    if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/interrupts.py)
+    if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/job/interrupts.py)
         interrupts.raise_on_signals()
         interrupts.stop_when_snakemake_dies()
     try:
@@ -396,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rlbuild: {exc}; its partial output is not a finished artifact (no record), a rerun builds it",
             file=sys.stderr,
         )
-        return interrupts.INTERRUPTED_EXIT_CODE
+        return INTERRUPTED_EXIT_CODE
     except PreflightError as exc:
         print(redact_text(str(exc)), file=sys.stderr)
         return EXIT_INVALID

@@ -18,20 +18,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlbuild import checkpoints, slurm
-from rlbuild.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
-from rlbuild.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
-from rlbuild.jobenv import restrict_to_forwarded
-from rlbuild.lease import Leases, describe, held_leases, lease_uri
-from rlbuild.metricstream import read_run_metrics
-from rlbuild.plan import Plan
-from rlbuild.planview import format_plan
-from rlbuild.preflight import check_experiment
-from rlbuild.redact import redact_text
-from rlbuild.spec import Experiment, NodeLimits, check_node_sizes, check_version, load_experiment, node_size
-from rlbuild.storage import join
-from rlbuild.validation import violations
-from rlbuild.versioning import StoredRecords, checked_plan
+from rlbuild.contracts import checkpoints
+from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
+from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
+from rlbuild.core.redact import redact_text
+from rlbuild.core.storage import join
+from rlbuild.core.validation import violations
+from rlbuild.core.wire import restrict_to_forwarded
+from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
+from rlbuild.plan import slurm
+from rlbuild.plan.planview import format_plan
+from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.resolve import Plan
+from rlbuild.plan.spec import Experiment, NodeLimits, check_version, node_size
+from rlbuild.plan.versioning import StoredRecords, checked_plan, experiment_problems, measured_step_time
 
 RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
 # Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
@@ -212,10 +212,10 @@ class Graph:
 
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
-        _, violations = check_experiment(self.experiment)
-        violations += check_node_sizes(self.experiment, self.node_limits)
-        if self.announce and self.on_cluster:  # jobs re-read the Snakefile after the submitter checked everything
-            violations += slurm.partition_problems(self.experiment)  # asked only where Slurm answers (sinfo)
+        # The partition is asked only by the submitting process under a cluster executor (jobs re-read the
+        # Snakefile after the submitter checked everything).
+        ask_slurm = self.announce and self.on_cluster
+        violations = experiment_problems(self.experiment, self.node_limits, ask_slurm=ask_slurm)
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
 
@@ -237,31 +237,18 @@ class Graph:
         return join(self.storage_root, self.experiment.name)
 
     def plan(self, version: str) -> Plan:
-        """The checked plan of one version (rlbuild/versioning.py); stops on any violation or drift."""
+        """The checked plan of one version (rlbuild/plan/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
-            plan = checked_plan(self.experiment, version, self.storage_root, str(self.experiment_file))
-            step_time = self._measured_step_time(plan)
+            source = str(self.experiment_file)
+            plan = checked_plan(self.experiment, version, self.storage_root, source, measure=self.announce)
             self._plans[version] = plan
             if self.announce:
+                step_time = measured_step_time(self.experiment, plan)
                 print(format_plan(plan, self.terminal_stage(version), step_time), file=sys.stderr)
                 for key, holder in self.leases_now().items():
                     if key.endswith(f"/v{version}"):
                         print(f"  lease held     {key}: {describe(holder)}", file=sys.stderr)
         return self._plans[version]
-
-    def _measured_step_time(self, plan: Plan) -> float | None:
-        """Seconds per step measured by an earlier run of this version (a previous link, a crashed attempt), when
-        the experiment states none; a chain that would not fit its links stops here."""
-        placement = self.experiment.execution.slurm
-        if placement is None or placement.step_time_s is not None or not self.announce:
-            return None  # in a job (a later link reads the earlier links' metrics), the submitter has checked
-        artifacts = plan.launch.artifacts
-        measured = slurm.measured_step_time(read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0])
-        t = plan.recipe.trainer
-        problems = slurm.check_chain(self.experiment, t.max_steps, t.ckpt_interval, measured)
-        if problems:
-            raise PreflightError(f"{self.experiment_file} (step time measured in an earlier run)", problems)
-        return measured
 
     def checked(self, version: str) -> Plan:
         """`plan`, with errors reported for a person and Snakemake stopped (input functions call this)."""
@@ -311,7 +298,7 @@ class Graph:
 
     def take_leases(self, jobs: Any) -> None:
         """`onstart:` take the lease of every artifact this run will build, before the first job starts; refuse
-        in one line when another run holds one (rlbuild/lease.py)."""
+        in one line when another run holds one (rlbuild/ops/lease.py)."""
         self.leases = Leases()
         atexit.register(self.leases.release_all)
         for job in jobs:

@@ -1,7 +1,7 @@
 rule train:
     # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; under the slurm profile one
-    # Slurm job of whole nodes, chained past its wall-clock limit (rlbuild/chain.py); locally, a local Ray.
-    # Every attempt's whole log is also kept in storage, under the run's attempts folder (rlbuild/attempt.py).
+    # Slurm job of whole nodes, chained past its wall-clock limit (rlbuild/job/chain.py); locally, a local Ray.
+    # Every attempt's whole log is also kept in storage, under the run's attempts folder (rlbuild/job/attempt.py).
     input:
         GRAPH.train_inputs,
         launch=ARTIFACT["launch"].path(),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,11 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from rlbuild.dev.iris_cluster import LocalIris
+from rlbuild.dev.s3 import S3Server, s3_server
 
-from tests.conftest import S3Server  # noqa: E402 (the repository root is put on the path first)
-from tests.iris.local_cluster import LocalIris  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PREFIX = "rlbuild-iris-local"
 
@@ -57,21 +55,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for a detached run")
     args = parser.parse_args()
 
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log would drown Snakemake's
-
     base = Path(tempfile.mkdtemp(prefix="rlbuild-iris-local-"))
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
     try:
-        host, port = moto.get_host_and_port()
-        s3 = S3Server(endpoint=f"http://{host}:{port}")
-        bucket = s3.new_bucket()
-        with LocalIris(base / "iris", workers=1, cpu_workers=1) as cluster:
-            return run(args, cluster.url, s3, bucket, base)
+        with s3_server(quiet=True) as s3, LocalIris(base / "iris", workers=1, cpu_workers=1) as cluster:
+            return run(args, cluster.url, s3, s3.new_bucket(), base)
     finally:
-        moto.stop()
         print(f"[iris-local] stopped the local Iris cluster and S3 server (logs: {base})", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real S3-compatible server on loopback (moto) and a Snakemake runner."""
+"""Shared fixtures: a real S3-compatible server on loopback (moto, rlbuild/dev/s3.py) and a Snakemake runner."""
 
 from __future__ import annotations
 
@@ -6,63 +6,24 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from rlbuild.dev.s3 import S3Server
+from rlbuild.dev.s3 import s3_server as loopback_s3_server
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "config" / "experiments"
 
 
-@dataclass(frozen=True)
-class S3Server:
-    endpoint: str
-
-    def env(self) -> dict[str, str]:
-        """Credentials the way users pass them: environment variables, never flags."""
-        return {
-            "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": self.endpoint,
-            "SNAKEMAKE_STORAGE_S3_ACCESS_KEY": "testing-access-key",
-            "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "testing-secret-key",
-            "AWS_ACCESS_KEY_ID": "testing-access-key",
-            "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-
-    def new_bucket(self) -> str:
-        import boto3
-
-        name = f"rlbuild-{uuid.uuid4().hex[:12]}"
-        client = boto3.client("s3", endpoint_url=self.endpoint, **_boto_credentials(self))
-        client.create_bucket(Bucket=name)
-        # Snakemake's S3 plugin deletes a bucket when its last object goes; a sentinel keeps it.
-        client.put_object(Bucket=name, Key=".keep", Body=b"")
-        return name
-
-
-def _boto_credentials(server: S3Server) -> dict[str, str]:
-    env = server.env()
-    return {
-        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-        "region_name": env["AWS_DEFAULT_REGION"],
-    }
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield S3Server(endpoint=f"http://{host}:{port}")
-    finally:
-        server.stop()
+    with loopback_s3_server() as server:
+        yield server
 
 
 @pytest.fixture
@@ -87,16 +48,7 @@ class S3:
         return self.server.env()
 
     def read(self, key: str) -> str:
-        import boto3
-
-        env = self.env
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.server.endpoint,
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            region_name=env["AWS_DEFAULT_REGION"],
-        )
+        client: Any = self.server.client()
         return client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
 
 

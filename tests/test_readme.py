@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, S3Server, copy_of_the_code
+from rlbuild.dev.s3 import S3Server
+from tests.conftest import REPO, copy_of_the_code
 
 VENV_BIN = Path(sys.executable).parent
 

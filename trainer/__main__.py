@@ -7,14 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from rlbuild.errors import RlbuildError
-from rlbuild.redact import redact_text
-from trainer import evaluate, export, tasks, tiny
+from rlbuild.core.errors import RlbuildError
+from rlbuild.core.redact import redact_text
+from trainer import tasks, tiny
+from trainer.commands import evaluate, export
 from trainer.errors import TrainerError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
     from trainer import continuation, loop
 
     try:

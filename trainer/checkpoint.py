@@ -3,7 +3,7 @@
 Layout:
     global_step_N/sharded/         torch.distributed.checkpoint folder: `.metadata` and one `__<rank>_0.distcp` per
                                    policy rank, holding that rank's shards of the weights and AdamW state (and the
-                                   scheduler); what a resume reads (trainer/sharding.py)
+                                   scheduler); what a resume reads (trainer/workers/sharding.py)
     global_step_N/policy/          HF model folder (model.safetensors, config.json, tokenizer files), gathered by
                                    rank 0: the terminal checkpoint only (what export publishes)
     global_step_N/manifest.json    sha256 and size of every file above (each rank hashes what it wrote): export and a
@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlbuild import checkpoints as layout
-from rlbuild import storage
-from rlbuild.checkpoints import LATEST, STATE, STEP_DIR
-from rlbuild.manifest import MANIFEST, ManifestError, read_manifest
+from rlbuild.contracts import checkpoints as layout
+from rlbuild.contracts.checkpoints import LATEST, STATE, STEP_DIR
+from rlbuild.contracts.manifest import MANIFEST, ManifestError, read_manifest
+from rlbuild.core import storage
 from trainer.errors import TrainerError
 
 

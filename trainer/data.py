@@ -12,8 +12,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlbuild.manifest import materialise
-from rlbuild.rows import read_rows
+from rlbuild.contracts.manifest import materialise
+from rlbuild.contracts.rows import read_rows
 from trainer.errors import TrainerError
 
 Row = dict[str, Any]

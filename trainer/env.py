@@ -5,7 +5,7 @@ An environment is a class whose instances score one completion of one dataset ro
 generates `{prompt, answer}` rows (`rows(split, revision)`) is a task. A name is either an entry point of the
 group `rlbuild.environments` (a package declares it in its metadata; rlbuild's own `exact_match`, `addition` and
 `reversal` are declared in pyproject.toml) or `module:Class`. rlbuild's preflight checks the same names without
-importing anything (rlbuild/environments.py).
+importing anything (rlbuild/plan/environments.py).
 """
 
 from __future__ import annotations

@@ -21,21 +21,24 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rlbuild import runtime, storage
-from rlbuild.launch import LaunchDocument
-from rlbuild.manifest import materialise
-from rlbuild.metricstream import read_run_metrics, write_run_metrics
-from trainer import continuation, data, evaluate, grpo, sampling
+from rlbuild.contracts import runtime
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.manifest import materialise
+from rlbuild.contracts.metricstream import read_run_metrics, write_run_metrics
+from rlbuild.core import storage
+from trainer import continuation, data, sampling
 from trainer import env as environments
-from trainer.batch import update_batch
 from trainer.checkpoint import CheckpointManager, Resume
-from trainer.engines import resolve_backend
+from trainer.commands import evaluate
 from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
-from trainer.placement import start_roles
-from trainer.roles import Roles
 from trainer.terminal import write_terminal
+from trainer.workers import grpo
+from trainer.workers.batch import update_batch
+from trainer.workers.engines import resolve_backend
+from trainer.workers.placement import start_roles
+from trainer.workers.roles import Roles
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,14 @@ import sys
 import time
 from typing import Any
 
-from rlbuild.launch import LaunchDocument
-from rlbuild.metricstream import ZERO_REWARD_STEPS, MetricsStream
-from rlbuild.progress import Progress
-from rlbuild.redact import redact_text
-from trainer import grpo
-from trainer.batch import UpdateBatch
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.metricstream import ZERO_REWARD_STEPS, MetricsStream
+from rlbuild.contracts.progress import Progress
+from rlbuild.core.redact import redact_text
 from trainer.errors import TrainerError
 from trainer.sampling import Step
+from trainer.workers import grpo
+from trainer.workers.batch import UpdateBatch
 
 # What the progress line shows, and how it labels it.
 PROGRESS = (

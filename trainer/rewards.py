@@ -6,8 +6,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.engines import Rollout
 from trainer.env import Environment
+from trainer.workers.engines import Rollout
 
 
 def rewards(

@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from rlbuild.recipe import Recipe
-from trainer import data, grpo
-from trainer.engines import Rollout, SamplingParams
+from rlbuild.contracts.recipe import Recipe
+from trainer import data
 from trainer.env import Environment
 from trainer.rewards import rewards as score_rollouts
-from trainer.roles import Roles
+from trainer.workers import grpo
+from trainer.workers.engines import Rollout, SamplingParams
+from trainer.workers.roles import Roles
 
 # Seeds of a step's extra sample batches sit this far apart, past every (seed, step) seed of the first batch.
 BATCH_SEED_STRIDE = 1 << 40

@@ -19,8 +19,8 @@ import itertools
 import random
 from pathlib import Path
 
-from rlbuild import storage
-from rlbuild.rows import dump_rows
+from rlbuild.contracts.rows import dump_rows
+from rlbuild.core import storage
 from trainer.env import ExactMatch, make_task
 from trainer.errors import TrainerError
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlbuild import storage
-from rlbuild.checkpoints import HF_FOLDER
-from rlbuild.launch import LaunchDocument
-from rlbuild.manifest import manifest_digest, read_manifest
+from rlbuild.contracts.checkpoints import HF_FOLDER
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.manifest import manifest_digest, read_manifest
+from rlbuild.core import storage
 from trainer.checkpoint import CheckpointManager
 from trainer.errors import TrainerError
 

@@ -21,7 +21,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
-from rlbuild.tinymodel import tiny_model_config
+from rlbuild.contracts.tinymodel import tiny_model_config
 from trainer.errors import TrainerError
 from trainer.tasks import REVERSAL_ALPHABET, REVERSAL_LENGTH
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, S3Server, run_snakemake
+from rlbuild.dev.s3 import S3Server
+from tests.conftest import REPO, run_snakemake
 from tests.e2e.test_pipeline import VERSION, small_experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -25,9 +25,9 @@ import psutil
 import pytest
 import yaml
 
-from rlbuild.artifacts import ARTIFACTS
-from rlbuild.manifest import verify_local
-from rlbuild.streams import read_stream
+from rlbuild.contracts.artifacts import ARTIFACTS
+from rlbuild.contracts.manifest import verify_local
+from rlbuild.core.streams import read_stream
 from tests.conftest import REPO
 from tests.e2e.test_pipeline import VERSION, Pipeline, small_experiment
 

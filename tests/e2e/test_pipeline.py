@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.streams import read_stream
-from tests.conftest import EXPERIMENTS, REPO, S3Server, copy_of_the_code, run_snakemake
+from rlbuild.core.streams import read_stream
+from rlbuild.dev.s3 import S3Server
+from tests.conftest import EXPERIMENTS, REPO, copy_of_the_code, run_snakemake
 from tests.spine.test_graph import job_counts
 
 VERSION = "2026.09.21"
@@ -188,7 +189,7 @@ def test_code_edits_leave_completed_versions_usable(pipeline: Pipeline, tmp_path
     """A fresh copy of the code with a comment added to the trainer and the library, and a real change to the
     trainer: the completed version is still complete; dry run, --summary and --report all work."""
     clone = copy_of_the_code(tmp_path / "clone")
-    for name in ("trainer/loop.py", "rlbuild/plan.py"):
+    for name in ("trainer/loop.py", "rlbuild/plan/resolve.py"):
         (clone / name).write_text((clone / name).read_text() + "# a comment appended by the test\n")
     (clone / "trainer" / "grpo.py").write_text((clone / "trainer" / "grpo.py").read_text() + "UNUSED_BY_TEST = 1\n")
     env = {"PYTHONPATH": str(clone)}

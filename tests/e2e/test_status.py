@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rlbuild import storage
+from rlbuild.core import storage
 from tests.conftest import REPO
 from tests.e2e.test_pipeline import VERSION, small_experiment
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild import checkpoints, storage
-from rlbuild.launch import load_launch
-from tests.conftest import S3Server, run_snakemake
+from rlbuild.contracts import checkpoints
+from rlbuild.contracts.launch import load_launch
+from rlbuild.core import storage
+from rlbuild.dev.launches import write_test_launch
+from rlbuild.dev.s3 import S3Server
+from tests.conftest import run_snakemake
 from tests.e2e.test_pipeline import VERSION, small_experiment
 from tests.faults import Fault, s3_proxy
-from tests.launches import write_test_launch
 from tests.spine.test_graph import job_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

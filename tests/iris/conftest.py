@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rlbuild.dev.iris_cluster import REPO, LocalIris
 from tests.conftest import S3
-from tests.iris.local_cluster import REPO, LocalIris
 
 WORKFLOW = Path(__file__).parent / "workflow"
 GPU_WORKERS = 2

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from rlbuild.spec import load_experiment
-from rlbuild.status import Options, gather
+from rlbuild.dev.iris_cluster import LocalIris
+from rlbuild.ops.status import Options, gather
+from rlbuild.plan.preflight import load_experiment
 from tests.conftest import EXPERIMENTS
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, wait_for
-from tests.iris.local_cluster import LocalIris
 from tests.iris.test_gang import job_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

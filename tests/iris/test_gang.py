@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild.jobenv import RAY_PORT_NAMES
+from rlbuild.core.wire import RAY_PORT_NAMES
+from rlbuild.dev.iris_cluster import LocalIris
 from tests.iris.conftest import (
     REPO,
     S3,
@@ -23,7 +24,6 @@ from tests.iris.conftest import (
     wait_for,
     workflow_copy,
 )
-from tests.iris.local_cluster import LocalIris
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SUBMITTED = re.compile(r"Submitted gang to Iris as 2-node gang (\S+)")
@@ -51,7 +51,7 @@ def task_pids(job: str, rank: int) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"rlbuild.gang" in cmdline and f"IRIS_TASK_ID={job}/{rank}:0".encode() in environ:
+        if b"rlbuild.job.gang" in cmdline and f"IRIS_TASK_ID={job}/{rank}:0".encode() in environ:
             found.append(int(proc.name))
     return found
 
@@ -200,10 +200,10 @@ def test_a_gang_that_cannot_succeed_on_retry_is_not_retried(iris: LocalIris, iri
     """A runtime digest mismatch would fail every attempt: the task exits 3 and cancels its own job."""
     from iris.cluster.types import JobName
 
-    from rlbuild import runtime
-    from snakemake_executor_plugin_iris.client import Iris, Submission
-    from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, shell
-    from tests.launches import write_test_launch
+    from rlbuild.contracts import runtime
+    from rlbuild.dev.launches import write_test_launch
+    from rlbuild.schedulers.iris import Iris, Submission, shell
+    from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement
 
     launch = write_test_launch(tmp_path)
     launch.write_text(launch.read_text().replace(runtime.source_digest(), "feed" * 16))

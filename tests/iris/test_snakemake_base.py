@@ -7,9 +7,9 @@ import pytest
 from snakemake.common.tests import TestWorkflowsLocalStorageBase, TestWorkflowsMinioPlayStorageBase
 from snakemake_interface_executor_plugins.settings import ExecutorSettingsBase
 
+from rlbuild.dev.iris_cluster import LocalIris
+from rlbuild.dev.s3 import S3Server
 from snakemake_executor_plugin_iris import ExecutorSettings
-from tests.conftest import S3Server
-from tests.iris.local_cluster import LocalIris
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.launch import parse_launch
+from rlbuild.contracts.launch import parse_launch
+from rlbuild.dev.iris_cluster import LocalIris
 from tests.conftest import EXPERIMENTS
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, start_snakemake, wait_for
-from tests.iris.local_cluster import LocalIris
 from tests.iris.test_gang import task_pids
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -36,7 +36,7 @@ def two_node_experiment(folder: Path) -> Path:
     )
     doc["execution"]["iris"].update({"max_retries": 1})
     doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
-    # Every node checks that Iris handed its task the experiment's env (rlbuild/gang.py check_runtime).
+    # Every node checks that Iris handed its task the experiment's env (rlbuild/job/gang.py check_runtime).
     doc["execution"]["env"] = {"NCCL_P2P_DISABLE": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
     path = folder / f"{NAME}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -89,9 +89,9 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
 
 def resumed_in_status(experiment: Path, s3: S3, iris: LocalIris, monkeypatch: pytest.MonkeyPatch) -> dict | None:
     """The train entry of `rlbuild status` once it shows the restart and "resumed from step N", before the end."""
-    from rlbuild.spec import load_experiment
-    from rlbuild.status import Options, gather
-    from rlbuild.statusview import format_status
+    from rlbuild.ops.status import Options, gather
+    from rlbuild.ops.statusview import format_status
+    from rlbuild.plan.preflight import load_experiment
 
     for name, value in s3.env.items():
         if name.startswith("SNAKEMAKE_STORAGE_S3_"):

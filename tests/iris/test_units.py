@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 from iris.client import JobState
 
-from rlbuild import runtime
-from rlbuild.gang import EXIT_NOT_RETRYABLE, RuntimeMismatchError, check_runtime
-from rlbuild.rendezvous import Rendezvous, RendezvousError, TaskIdentity
+from rlbuild.contracts import runtime
+from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
+from rlbuild.dev.launches import write_test_launch
+from rlbuild.job.gang import RuntimeMismatchError, check_runtime
+from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
+from rlbuild.schedulers.iris import Outcome, outcome
 from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
-from snakemake_executor_plugin_iris.status import Outcome, outcome
-from tests.launches import write_test_launch
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
@@ -93,7 +94,7 @@ def test_env_hand_off_is_an_allow_list_without_cloud_credentials() -> None:
 
 def test_gang_command_runs_the_step_on_rank_zero_only_through_the_bootstrap() -> None:
     command = gang_command("/venv/bin/python", 2, "g1", "python -m snakemake --x 'a b'", "s3://b/launch.yaml", None, 60)
-    assert command.startswith("/venv/bin/python -m rlbuild.gang --nodes 2 --gang-id g1 --join-timeout 60")
+    assert command.startswith("/venv/bin/python -m rlbuild.job.gang --nodes 2 --gang-id g1 --join-timeout 60")
     assert "--launch s3://b/launch.yaml" in command
     assert command.endswith("-- bash -c 'python -m snakemake --x '\"'\"'a b'\"'\"''")
 
@@ -158,13 +159,13 @@ def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp
     env = {"IRIS_TASK_ID": "/root/train-x-a1-abc/0:0", "PATH": "/usr/bin:/bin"}
     argv = ["--nodes", "1", "--gang-id", "g", "--launch", str(launch), "--rendezvous-root", str(tmp_path / "rdv")]
     result = subprocess.run(
-        [sys.executable, "-m", "rlbuild.gang", *argv, "--", "true"],
+        [sys.executable, "-m", "rlbuild.job.gang", *argv, "--", "true"],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
     )
-    assert result.returncode == EXIT_NOT_RETRYABLE  # Iris must not retry it (test_gang: the job is cancelled)
+    assert result.returncode == NOT_RETRYABLE_EXIT_CODE  # Iris must not retry it (test_gang: the job is cancelled)
     assert f"this node runs runtime source digest {runtime.source_digest()}" in result.stderr
     assert f"was planned for {planned}" in result.stderr and "Run the job from the checkout" in result.stderr
     assert not (tmp_path / "rdv").exists(), "nothing may start (no Ray head, no rendezvous) on a mismatched node"

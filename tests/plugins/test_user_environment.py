@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.plan import resolve
-from rlbuild.preflight import check_experiment
-from rlbuild.sources import parse_source
-from rlbuild.spec import parse_experiment
-from rlbuild.staging import stage_data
-from tests.launches import experiment_document, write_test_launch
+from rlbuild.contracts.sources import parse_source
+from rlbuild.dev.launches import experiment_document, write_test_launch
+from rlbuild.plan.preflight import check_experiment, parse_experiment
+from rlbuild.plan.resolve import resolve
+from rlbuild.stages.staging import stage_data
 
 PACKAGE = '''
 class Quarter:

@@ -46,7 +46,7 @@ def experiment_file(folder: Path, name: str, slurm: dict, trainer: dict, **chang
     doc["name"] = name
     doc["recipe"]["trainer"].update({"eval_interval": -1, "eval_before_train": False, **trainer})
     doc["execution"]["slurm"] = {"account": "rlbuild", "max_links": 6, **slurm}
-    # Every node checks that its srun task got the experiment's env (rlbuild/gang.py check_runtime).
+    # Every node checks that its srun task got the experiment's env (rlbuild/job/gang.py check_runtime).
     doc["execution"]["env"] = {"NCCL_P2P_DISABLE": "1"}
     doc |= changes
     path = folder / f"{name}.yaml"
@@ -189,7 +189,7 @@ def _assert_allow_listed_environment(slurm: LocalSlurm, job: str, s3: S3) -> Non
     environs = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"rlbuild.gang" in (proc / "cmdline").read_bytes():
+            if proc.name.isdigit() and b"rlbuild.job.gang" in (proc / "cmdline").read_bytes():
                 environs.append((proc / "environ").read_bytes().split(b"\0"))
         except OSError:
             continue

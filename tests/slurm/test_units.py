@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from rlbuild import slurm
-from rlbuild.errors import PreflightError
-from rlbuild.gang import SLURM_PORT_BAND, task_ports
-from rlbuild.jobenv import restrict_to_forwarded
-from rlbuild.plan import resolve
-from rlbuild.planview import format_plan
-from rlbuild.rendezvous import RendezvousError, TaskIdentity
-from rlbuild.spec import Experiment, parse_experiment
+from rlbuild.core.errors import PreflightError
+from rlbuild.core.wire import restrict_to_forwarded
+from rlbuild.job.gang import SLURM_PORT_BAND, task_ports
+from rlbuild.job.rendezvous import RendezvousError, TaskIdentity
+from rlbuild.plan import slurm
+from rlbuild.plan.planview import format_plan
+from rlbuild.plan.preflight import parse_experiment
+from rlbuild.plan.resolve import resolve
+from rlbuild.plan.spec import Experiment
 from tests.spine.experiments import experiment
 
 # Seed 004: 56 GPUs on Jupiter's GH200 nodes (4 GPUs each) is 14 nodes; 12-hour limit, chained.

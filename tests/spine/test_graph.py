@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import EXPERIMENTS, REPO, S3Server, run_snakemake
+from rlbuild.dev.s3 import S3Server
+from tests.conftest import EXPERIMENTS, REPO, run_snakemake
 from trainer.tiny import build_tokenizer
 
 VERSION = "2026.09.21"

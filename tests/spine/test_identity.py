@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from rlbuild.errors import IdentityDriftError, RuntimeDriftError
-from rlbuild.identity import check_drift, check_training_runtime
-from rlbuild.plan import build_records, resolve
-from rlbuild.spec import parse_experiment
+from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
+from rlbuild.plan.identity import check_drift, check_training_runtime
+from rlbuild.plan.preflight import parse_experiment
+from rlbuild.plan.resolve import build_records, resolve
 from tests.spine.experiments import experiment
 
 VERSION = "2026.09.21"

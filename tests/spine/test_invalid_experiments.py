@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rlbuild.cli import main
-from rlbuild.errors import PreflightError
+from rlbuild.core.errors import PreflightError
 from rlbuild.workflow import workflow_config
 from tests.spine.experiments import DELETE, experiment, write
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.errors import PreflightError
-from rlbuild.plan import resolve
-from rlbuild.planview import format_plan
-from rlbuild.spec import parse_experiment
+from rlbuild.core.errors import PreflightError
+from rlbuild.plan.planview import format_plan
+from rlbuild.plan.preflight import parse_experiment
+from rlbuild.plan.resolve import resolve
 from tests.conftest import EXPERIMENTS, run_snakemake
 from tests.spine.experiments import experiment
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.errors import PreflightError
-from rlbuild.spec import parse_experiment
+from rlbuild.core.errors import PreflightError
+from rlbuild.plan.preflight import parse_experiment
 from rlbuild.workflow import Graph
 from tests.conftest import EXPERIMENTS, run_snakemake
 from tests.spine.experiments import experiment

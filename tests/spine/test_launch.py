@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from rlbuild.cli import main
-from rlbuild.plan import resolve
-from rlbuild.spec import parse_experiment
+from rlbuild.plan.preflight import parse_experiment
+from rlbuild.plan.resolve import resolve
 from tests.spine.experiments import experiment, write
 
 SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "recipe", "env"]
@@ -100,7 +100,7 @@ def test_secret_values_never_reach_the_document(
 
 
 def test_the_trainer_reads_the_document_the_builder_writes(tmp_path: Path) -> None:
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
 
     path = tmp_path / "written"
     resolve_launch(tmp_path, experiment(), "written")

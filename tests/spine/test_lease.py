@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild import storage
-from rlbuild.lease import LeaseHeldError, Leases, held_leases, lease_uri, read_lease
+from rlbuild.core import storage
+from rlbuild.ops.lease import LeaseHeldError, Leases, held_leases, lease_uri, read_lease
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -78,7 +78,7 @@ def test_a_dead_runs_lease_is_taken_over_and_the_old_holder_learns_it(root: str)
 def _hold_in_another_process(uri: str) -> subprocess.Popen[str]:
     """A real process on this machine that takes the lease and then sleeps, as a run does while it builds."""
     code = (
-        "import sys, time\nfrom rlbuild.lease import Leases\n"
+        "import sys, time\nfrom rlbuild.ops.lease import Leases\n"
         f"Leases().acquire({uri!r}, 'train')\nprint('held', flush=True)\ntime.sleep(600)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)

@@ -11,12 +11,11 @@ import pytest
 import yaml
 
 from rlbuild.cli import main
-from rlbuild.modelcheck import check_staged_inputs, source_model_config
-from rlbuild.preflight import check_experiment
-from rlbuild.spec import parse_experiment
-from rlbuild.tinymodel import tiny_model_config
+from rlbuild.contracts.tinymodel import tiny_model_config
+from rlbuild.dev.launches import base_model_dir
+from rlbuild.plan.modelcheck import check_staged_inputs, source_model_config
+from rlbuild.plan.preflight import check_experiment, parse_experiment
 from tests.conftest import EXPERIMENTS
-from tests.launches import base_model_dir
 from tests.spine.experiments import SEED_64_GPU, experiment
 
 TP_FIELD = "role_plan.inference_engine_tensor_parallel_size"
@@ -82,7 +81,7 @@ def test_offline_without_the_config_in_the_cache_is_not_known_yet(tmp_path: Path
 
 
 def test_too_few_staged_prompts_fitting_fail_at_resolve_launch(tmp_path: Path) -> None:
-    from rlbuild.preflight import compose_recipe
+    from rlbuild.plan.preflight import compose_recipe
 
     recipe, _ = compose_recipe(parse_experiment(_tiny(max_prompt_length=6), "t"))
     train = tmp_path / "0.jsonl"
@@ -99,8 +98,8 @@ def test_too_few_staged_prompts_fitting_fail_at_resolve_launch(tmp_path: Path) -
 
 
 def test_the_plan_says_what_preflight_knew_of_the_model() -> None:
-    from rlbuild.plan import resolve
-    from rlbuild.planview import format_plan
+    from rlbuild.plan.planview import format_plan
+    from rlbuild.plan.resolve import resolve
 
     plan = resolve(parse_experiment(_tiny(), "t"), "2026.09.21", "/tmp/r")
     assert (

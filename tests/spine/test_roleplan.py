@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rlbuild.cli import main
-from rlbuild.layout import EngineSlot, PackingError, pack
-from rlbuild.roleplan import check_role_plan, geometry, shape_of_plan
-from rlbuild.spec import RolePlan, Runtime, Topology
+from rlbuild.contracts.layout import EngineSlot, PackingError, pack
+from rlbuild.plan.roleplan import check_role_plan, geometry, shape_of_plan
+from rlbuild.plan.spec import RolePlan, Runtime, Topology
 from tests.spine.experiments import SEED_64_GPU, experiment, write
 
 GRPO = Runtime(entrypoint="grpo", strategy="fsdp2")
@@ -79,8 +79,8 @@ def test_fully_async_with_equal_batches_and_separate_roles_passes() -> None:
 
 
 def test_tensor_parallel_size_must_divide_the_models_heads() -> None:
-    from rlbuild.modelcheck import check_model
-    from rlbuild.spec import parse_experiment
+    from rlbuild.plan.modelcheck import check_model
+    from rlbuild.plan.preflight import parse_experiment
 
     doc = parse_experiment(experiment(role_plan__inference_engine_tensor_parallel_size=8), "t")
     (violation,) = check_model({"num_attention_heads": 12, "num_key_value_heads": 4}, doc, None)

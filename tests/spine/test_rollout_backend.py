@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlbuild.plan import resolve
-from rlbuild.planview import format_plan
-from rlbuild.preflight import check_experiment, vllm_version
-from rlbuild.spec import parse_experiment
+from rlbuild.plan.planview import format_plan
+from rlbuild.plan.preflight import check_experiment, parse_experiment, vllm_version
+from rlbuild.plan.resolve import resolve
 from tests.spine.experiments import experiment
 
 NO_VLLM = pytest.mark.skipif(vllm_version() is not None, reason="this runtime has vLLM (scripts/setup.sh --extra gpu)")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild.evaluation import EvalError, axis_limits, plot_curves, run_eval
-from rlbuild.launch import LaunchDocument, load_launch
-from rlbuild.manifest import ManifestError, ManifestMismatchError, write_manifest
-from rlbuild.metricstream import MetricsStream, read_run_metrics
-from rlbuild.rows import RowError
-from tests.launches import base_model_dir, write_test_launch
+from rlbuild.contracts.launch import LaunchDocument, load_launch
+from rlbuild.contracts.manifest import ManifestError, ManifestMismatchError, write_manifest
+from rlbuild.contracts.metricstream import MetricsStream, read_run_metrics
+from rlbuild.contracts.rows import RowError
+from rlbuild.dev.launches import base_model_dir, write_test_launch
+from rlbuild.stages.evaluation import EvalError, axis_limits, plot_curves, run_eval
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

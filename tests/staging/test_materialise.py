@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild.launch import Input, Inputs, LaunchDocument, load_launch
-from rlbuild.manifest import ManifestError, ManifestMismatchError, materialise, materialise_inputs
-from rlbuild.sources import parse_source
-from rlbuild.staging import stage_data, stage_model
-from rlbuild.storage import filesystem
-from tests.launches import write_test_launch
+from rlbuild.contracts.launch import Input, Inputs, LaunchDocument, load_launch
+from rlbuild.contracts.manifest import ManifestError, ManifestMismatchError, materialise, materialise_inputs
+from rlbuild.contracts.sources import parse_source
+from rlbuild.core.storage import filesystem
+from rlbuild.dev.launches import write_test_launch
+from rlbuild.stages.staging import stage_data, stage_model
 from tests.staging.conftest import write_model_folder
 
 

@@ -9,9 +9,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlbuild.manifest import ManifestError, ManifestMismatchError, manifest_digest, verify_manifest, write_manifest
-from rlbuild.sources import REPO_ROOT, SourceError, StagingError, parse_source
-from rlbuild.staging import local_content_digest, stage_data, stage_model
+from rlbuild.contracts.manifest import (
+    ManifestError,
+    ManifestMismatchError,
+    manifest_digest,
+    verify_manifest,
+    write_manifest,
+)
+from rlbuild.contracts.sources import REPO_ROOT, SourceError, StagingError, parse_source
+from rlbuild.stages.staging import local_content_digest, stage_data, stage_model
 from tests.staging.conftest import REPO, SHA_A, SHA_B, add_hf_snapshot, write_model_folder
 
 

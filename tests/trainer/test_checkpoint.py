@@ -11,14 +11,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlbuild import runtime, storage
-from rlbuild.checkpoints import CheckpointLayoutError
-from rlbuild.launch import LaunchDocument, load_launch
-from rlbuild.manifest import describe_files, payload_files
-from tests.launches import write_test_launch
-from trainer import loop, sharding, tiny
+from rlbuild.contracts import runtime
+from rlbuild.contracts.checkpoints import CheckpointLayoutError
+from rlbuild.contracts.launch import LaunchDocument, load_launch
+from rlbuild.contracts.manifest import describe_files, payload_files
+from rlbuild.core import storage
+from rlbuild.dev.launches import write_test_launch
+from trainer import loop, tiny
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.errors import TrainerError
+from trainer.workers import sharding
 
 
 def _write_policy(uri: str) -> dict[str, Any]:
@@ -117,7 +119,7 @@ def _training_state(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, 
 
 
 def test_a_sharded_checkpoint_round_trips_through_s3(s3_root: str) -> None:
-    """What a rank writes with torch.distributed.checkpoint through fsspec, with rlbuild.storage's S3 settings."""
+    """What a rank writes with torch.distributed.checkpoint through fsspec, with rlbuild.core.storage's S3 settings."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model, optimizer, scheduler = _training_state(seed=0)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbuild.chain import CONTINUE_EXIT_CODE, STOP_AT_ENV
-from tests.launches import write_test_launch
+from rlbuild.core.wire import CONTINUE_EXIT_CODE, STOP_AT_ENV
+from rlbuild.dev.launches import write_test_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlbuild.rows import read_rows
-from trainer import batch as layout
-from trainer import data, grpo, tasks
-from trainer.engines import Rollout
+from rlbuild.contracts.rows import read_rows
+from trainer import data, tasks
 from trainer.errors import TrainerError
+from trainer.workers import batch as layout
+from trainer.workers import grpo
+from trainer.workers.engines import Rollout
 
 
 @pytest.mark.parametrize(("task", "n_train", "n_validation"), [("addition", 80, 20), ("reversal", 100, 25)])

@@ -11,13 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-from tests.launches import base_model_dir
-from trainer import engines, tasks, weight_sync
-from trainer.batch import build_batch
-from trainer.engines import SamplingParams, TorchEngine
+from rlbuild.dev.launches import base_model_dir
+from trainer import tasks
 from trainer.errors import TrainerError
-from trainer.policy import forward_logprobs
-from trainer.sharding import free_port
+from trainer.workers import engines, weight_sync
+from trainer.workers.batch import build_batch
+from trainer.workers.engines import SamplingParams, TorchEngine
+from trainer.workers.policy import forward_logprobs
+from trainer.workers.sharding import free_port
 
 
 @pytest.fixture(scope="module")

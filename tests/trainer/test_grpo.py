@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer import grpo
+from trainer.workers import grpo
 
 
 def test_group_advantages_mean_and_unbiased_std() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rlbuild.launch import load_launch
-from tests.launches import write_test_launch
+from rlbuild.contracts.launch import load_launch
+from rlbuild.dev.launches import write_test_launch
 from trainer import loop
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"

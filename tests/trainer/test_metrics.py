@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlbuild import storage
-from rlbuild.metricstream import MetricsStream, merge, read_run_metrics, read_stream
-from trainer.batch import UpdateBatch
-from trainer.engines import Rollout
+from rlbuild.contracts.metricstream import MetricsStream, merge, read_run_metrics, read_stream
+from rlbuild.core import storage
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
 from trainer.sampling import Samples, Step
+from trainer.workers.batch import UpdateBatch
+from trainer.workers.engines import Rollout
 
 STEPS = 500
 CHECKPOINT_EVERY = 50

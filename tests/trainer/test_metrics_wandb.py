@@ -9,7 +9,7 @@ import sys
 import pytest
 import wandb
 
-from rlbuild.metricstream import MetricsStream
+from rlbuild.contracts.metricstream import MetricsStream
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, open_wandb
 

@@ -1,6 +1,7 @@
 """Engines placed per node, on a real 2-node Ray whose nodes declare 8 GPUs each (no GPU is touched).
 
-The trainer's placement (trainer/placement.py) reserves the layout that rlbuild's packing (rlbuild/layout.py)
+The trainer's placement (trainer/workers/placement.py) reserves the layout that rlbuild's packing
+(rlbuild/contracts/layout.py)
 computes, the same one preflight checks; probe tasks in every bundle report the node they run on. Over many
 generated role plans, the packing's verdict is Ray's own: a plan preflight accepts is placed, and one whose
 engines it refuses for packing is one Ray's scheduler cannot place either.
@@ -17,10 +18,10 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
-from rlbuild.layout import Layout, PackingError, pack
-from rlbuild.roleplan import check_role_plan, shape_of_plan
-from rlbuild.spec import RolePlan, Runtime, Topology
-from trainer.placement import Reservation, reserve
+from rlbuild.contracts.layout import Layout, PackingError, pack
+from rlbuild.plan.roleplan import check_role_plan, shape_of_plan
+from rlbuild.plan.spec import RolePlan, Runtime, Topology
+from trainer.workers.placement import Reservation, reserve
 
 pytestmark = pytest.mark.timeout(300)
 GPUS = 8

@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.launches import base_model_dir
+from rlbuild.dev.launches import base_model_dir
 from trainer import tasks
-from trainer.batch import build_batch
-from trainer.engines import SamplingParams, TorchEngine
-from trainer.policy import _take, forward_logprobs
+from trainer.workers.batch import build_batch
+from trainer.workers.engines import SamplingParams, TorchEngine
+from trainer.workers.policy import _take, forward_logprobs
 
 GROUP = 4
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.launches import placeable, write_test_launch
+from rlbuild.dev.launches import write_test_launch
+from tests.launches import placeable
 
 METRIC_KEYS = {
     "reward/mean",
@@ -233,7 +234,7 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_a_reference_on_its_own_workers_trains_exactly_like_a_colocated_one(tmp_path: Path) -> None:
     """Same seed, same steps: only where the reference model runs differs, so every training metric matches."""
-    from rlbuild.launch import load_launch
+    from rlbuild.contracts.launch import load_launch
     from trainer import loop
 
     runs = {}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlbuild.recipe import Recipe
+from rlbuild.contracts.recipe import Recipe
 from trainer import sampling, tiny
-from trainer.engines import Rollout, SamplingParams
 from trainer.env import ExactMatch
+from trainer.workers.engines import Rollout, SamplingParams
 
 TOKENIZER = tiny.build_tokenizer()
 # Prompts whose groups carry signal: half their samples answer right. Every other group is all wrong.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rlbuild.recipe import Recipe
-from trainer.policy import LearningRateSchedule
+from rlbuild.contracts.recipe import Recipe
+from trainer.workers.policy import LearningRateSchedule
 
 
 def test_constant_with_warmup() -> None:

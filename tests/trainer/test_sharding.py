@@ -12,17 +12,19 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlbuild import storage
-from rlbuild.launch import LaunchDocument, load_launch
-from rlbuild.manifest import MANIFEST, ManifestMismatchError, read_manifest
-from tests.launches import placeable, write_test_launch
-from trainer import grpo, tasks
-from trainer.batch import UpdateBatch, update_batch
-from trainer.engines import SamplingParams, TorchEngine
-from trainer.placement import connect, layout_of, place_roles, setup_group
-from trainer.policy import score
-from trainer.reference import ReferenceWorker
-from trainer.roles import Roles
+from rlbuild.contracts.launch import LaunchDocument, load_launch
+from rlbuild.contracts.manifest import MANIFEST, ManifestMismatchError, read_manifest
+from rlbuild.core import storage
+from rlbuild.dev.launches import write_test_launch
+from tests.launches import placeable
+from trainer import tasks
+from trainer.workers import grpo
+from trainer.workers.batch import UpdateBatch, update_batch
+from trainer.workers.engines import SamplingParams, TorchEngine
+from trainer.workers.placement import connect, layout_of, place_roles, setup_group
+from trainer.workers.policy import score
+from trainer.workers.reference import ReferenceWorker
+from trainer.workers.roles import Roles
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 MICRO = 16  # samples per micro-batch: the one rank takes 2 of them, each of two ranks 1

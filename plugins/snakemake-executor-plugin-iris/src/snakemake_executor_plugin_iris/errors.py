@@ -11,7 +11,3 @@ class IrisSettingError(WorkflowError):
     def __init__(self, field: str, value: object, fix: str) -> None:
         self.field, self.value, self.fix = field, value, fix
         super().__init__(f"{field}={value!r}: {fix}")
-
-
-class IrisSubmitError(WorkflowError):
-    """The controller refused a job (unreachable, unschedulable at submit, invalid request)."""

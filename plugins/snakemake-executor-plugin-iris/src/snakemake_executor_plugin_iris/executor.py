@@ -13,24 +13,24 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
-from rlbuild.jobenv import RAY_PORT_NAMES
-from rlbuild.jobstate import SchedulerUnavailableError, iris_states
-from rlbuild.redact import redact_text
-from snakemake_executor_plugin_iris.errors import IrisSettingError, IrisSubmitError
+from rlbuild.core.redact import redact_text
+from rlbuild.core.wire import RAY_PORT_NAMES
+from rlbuild.schedulers.iris import IrisSubmitError, Outcome, outcome, shell
+from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_states
+from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (
     Defaults,
     gang_command,
     placement,
     priority,
-    shell,
     task_env,
 )
-from snakemake_executor_plugin_iris.status import Outcome, outcome
 
 if TYPE_CHECKING:
     from snakemake_executor_plugin_iris import ExecutorSettings
@@ -70,9 +70,12 @@ def storage_uri(path: Any) -> str:
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
         self.settings: ExecutorSettings = self.workflow.executor_settings
-        from snakemake_executor_plugin_iris.client import Iris
+        from rlbuild.schedulers.iris import Iris
 
-        self.iris = Iris(controller_url(self.settings))
+        try:
+            self.iris = Iris(controller_url(self.settings))
+        except IrisSubmitError as error:
+            raise WorkflowError(str(error)) from error
         self.defaults = Defaults(
             cpu=self.settings.node_cpu,
             memory=self.settings.node_memory,
@@ -123,7 +126,7 @@ class Executor(RemoteExecutor):
                 rendezvous_root=None if launch else self._rendezvous_root(),
                 join_timeout_s=self.settings.join_timeout,
             )
-        from snakemake_executor_plugin_iris.client import Submission
+        from rlbuild.schedulers.iris import Submission
 
         submission = Submission(
             command=shell(os.getcwd(), command),

@@ -8,31 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlbuild.jobenv import forwarded, refused_names
+from rlbuild.core.wire import forwarded, refused_names
+from rlbuild.schedulers.iris import Placement
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 
 PRIORITIES = ("production", "interactive", "batch")
 ON_INTERRUPT = ("keep", "cancel")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*([KMGTP]i?B?)?\s*$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Resources of one Iris job: `replicas` tasks of this size each."""
-
-    replicas: int
-    cpu: float
-    memory: str
-    disk: str
-    gpu_variant: str | None
-    gpus_per_node: int
-    priority: str
-    max_retries: int
-    coschedule: str | None
-    # The rule declared `gpu_nodes`: its tasks run the gang bootstrap (Ray under a short socket folder, the
-    # runtime-digest check), also for one node and for CPU "GPUs" (the embedded default).
-    is_gang: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,11 +101,6 @@ def task_env(environ: Mapping[str, str], declared: Mapping[str, str], extra: lis
     return forwarded(environ, extra) | {k: v for k, v in declared.items() if v}
 
 
-def shell(cwd: str, command: str) -> list[str]:
-    """Iris tasks start in the controller's folder: run the command from the submitter's."""
-    return ["bash", "-c", f"cd {shlex.quote(cwd)} && {command}"]
-
-
 def gang_command(
     python: str,
     nodes: int,
@@ -133,7 +111,7 @@ def gang_command(
     join_timeout_s: int,
 ) -> str:
     """Every task of the gang runs the bootstrap; rank 0 runs `step` (the Snakemake job) once Ray is up."""
-    argv = [python, "-m", "rlbuild.gang", "--nodes", str(nodes), "--gang-id", gang_id]
+    argv = [python, "-m", "rlbuild.job.gang", "--nodes", str(nodes), "--gang-id", gang_id]
     argv += ["--join-timeout", str(join_timeout_s)]
     if launch:
         argv += ["--launch", launch]

@@ -1,0 +1,138 @@
+"""The launch document (`launch.yaml`), typed: the one document every stage after resolve_launch reads.
+
+Sections name what they configure: `run` and `runtime` say what this is and which code runs it, `iris` the
+allocation, `ingress` how the driver reaches the rollout engines, `ray` the cluster bootstrap, `artifacts` where
+outputs go, `inputs` the immutable staged model and data, `recipe` the trainer's settings, `env` the
+experiment's execution.env (every node checks its tasks got it). All URIs are
+absolute: a local absolute path or `s3://bucket/key`. The builder (`rlbuild.plan.resolve`) is its only writer; the
+trainer parses it once with `load_launch` and reads attributes. Secrets never appear in it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlbuild.contracts.recipe import Recipe
+from rlbuild.core import storage
+from rlbuild.core.errors import RlbuildError
+
+SCHEMA_VERSION = 2
+
+
+class LaunchDocumentError(RlbuildError):
+    """A launch document that cannot be read or does not follow the schema; regenerate it with resolve_launch."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Run(_Section):
+    id: str = Field(description="`<experiment>-<version>`: names the run in logs and W&B")
+    name: str = Field(description="the experiment's name")
+    version: str = Field(description="YYYY.MM.DD[.N] (immutable) or dev")
+    seed: int = Field(ge=0, description="the experiment's seed")
+    fingerprint: str = Field(description="the launch artifact's fingerprint")
+
+
+class Runtime(_Section):
+    entrypoint: Literal["grpo", "fully_async"] = Field(description="the training loop")
+    strategy: Literal["fsdp2", "megatron"] = Field(description="how the policy is sharded")
+    source_digest: str = Field(description="digest of the code that runs in the job (rlbuild.contracts.runtime)")
+
+
+class Allocation(_Section):
+    num_nodes: int = Field(ge=1, description="whole nodes of the gang")
+    gpus_per_node: int = Field(ge=1, description="GPUs on each node")
+    gpu_variant: str = Field(description="e.g. H100; `cpu` for CPU ranks")
+    cpu: float | None = Field(description="CPUs per node requested from the scheduler")
+    memory: str | None = Field(description="memory per node, e.g. 512GB")
+    disk: str | None = Field(description="disk per node")
+
+
+class Iris(_Section):
+    cluster: str | None = Field(description="the Iris cluster, or null when the experiment sets none")
+    allocation: Allocation = Field(description="what one gang asks for")
+    priority: str | None = Field(description="Iris priority band")
+    max_retries: int | None = Field(description="Iris restarts of the whole gang")
+
+
+class Ingress(_Section):
+    mode: Literal["ray_actors"] = Field(
+        description="the driver calls the rollout engines as Ray actors in the gang (no HTTP endpoint)"
+    )
+
+
+class Ray(_Section):
+    address: str | None = Field(description="a Ray cluster to join; null: RAY_ADDRESS if set, else a private Ray")
+    rendezvous_dir: str = Field(description="where a gang's ranks meet (one folder per job and attempt)")
+
+
+class Artifacts(_Section):
+    checkpoint_root: str = Field(description="checkpoints (temporary storage, expires with its TTL)")
+    attempts_root: str = Field(description="per-attempt state: rendezvous, heartbeats, Ray logs")
+    export_root: str = Field(description="where the export rule publishes the terminal checkpoint")
+    terminal_manifest_uri: str = Field(description="terminal.json: written once, last")
+    metrics_uri: str = Field(description="the run's metrics.jsonl, beside terminal.json: written whole at the end")
+    metrics_segments_root: str = Field(
+        description="the metrics stream while the run goes (rlbuild/contracts/metricstream.py)"
+    )
+    resume_checkpoint_count: int = Field(ge=1, le=5, description="checkpoints kept for resuming")
+
+
+class Input(_Section):
+    uri: str = Field(description="a staged file or directory (a manifest at or above it)")
+    identity: str = Field(description="the staged artifact's identity, copied into terminal.json")
+
+
+class Inputs(_Section):
+    model: Input = Field(description="the staged model folder (with its tokenizer)")
+    train_data: list[Input] = Field(min_length=1, description="staged JSONL files of {prompt, answer} rows")
+    validation_data: list[Input] = Field(description="held-out JSONL files")
+
+
+class LaunchDocument(_Section):
+    schema_version: Literal[2] = Field(description="bumped when a field changes meaning")
+    run: Run
+    runtime: Runtime
+    iris: Iris
+    ingress: Ingress
+    ray: Ray
+    artifacts: Artifacts
+    inputs: Inputs
+    recipe: Recipe
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="the experiment's execution.env: plain variables every task of the job gets; nodes check them",
+    )
+
+
+def dump_launch(document: LaunchDocument) -> str:
+    """The document as YAML, fields in declaration order: the same inputs give byte-identical output."""
+    return yaml.safe_dump(document.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=120)
+
+
+def parse_launch(raw: object, where: str) -> LaunchDocument:
+    try:
+        return LaunchDocument.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise LaunchDocumentError(
+            f"{where} is not a launch document of schema {SCHEMA_VERSION} ({problems}); regenerate it with the "
+            "resolve_launch rule"
+        ) from None
+
+
+def load_launch(uri: str) -> LaunchDocument:
+    """Read and validate a launch document from a local path or s3:// URI."""
+    text = storage.read_text(uri)
+    if text is None:
+        raise LaunchDocumentError(f"launch document {uri} does not exist; run the resolve_launch rule first")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise LaunchDocumentError(f"{uri} is not YAML ({exc}); regenerate it with resolve_launch") from None
+    return parse_launch(raw, uri)

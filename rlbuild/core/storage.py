@@ -1,0 +1,319 @@
+"""Artifact storage: local paths and `s3://` URIs through one fsspec layer, with whole-object writes.
+
+Every part (the rules' subcommands, the trainer, the gang bootstrap) reads and writes storage through these
+functions. A write is atomic: readers see the old object or the whole new one (a local file is written under a
+temporary name and renamed, an S3 object is one PUT). Files are created readable by the group and others as the
+process umask allows, like any other file the user writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from rlbuild.core.errors import RlbuildError
+
+S3 = "s3://"
+
+
+# Every S3 call waits a bounded time: a stalled or unreachable endpoint is a StorageUnavailableError within
+# about (connect + read timeout) x attempts plus backoff, never a hang. Defaults: 10 s + 60 s, 4 attempts
+# (about 5 minutes); RLBUILD_S3_CONNECT_TIMEOUT_S, RLBUILD_S3_READ_TIMEOUT_S and RLBUILD_S3_ATTEMPTS change them.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
+S3_ATTEMPTS = 4
+
+
+class StorageError(RlbuildError):
+    """A storage location that cannot be used as given."""
+
+
+class StorageUnavailableError(StorageError):
+    """The storage endpoint did not answer within the bounded wait, or refused the connection."""
+
+
+def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
+    """S3 faults (no answer, refused connection, timeouts) become one StorageUnavailableError naming the endpoint,
+    the wait and what to do; a missing object stays what each function makes of it."""
+
+    @functools.wraps(function)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except Exception as error:
+            uri = next((a for a in args if isinstance(a, str) and is_s3(a)), None)
+            if uri is None or not _is_fault(error):
+                raise
+            endpoint = _s3_settings()["endpoint_url"] or "AWS S3"
+            timeouts = _s3_timeouts()
+            raise StorageUnavailableError(
+                f"storage at {endpoint} did not answer {function.__name__}({uri}) within "
+                f"{timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
+                f"{timeouts['retries']['max_attempts']} attempts ({type(error).__name__}: {str(error)[:200]}). "
+                "Check the endpoint and the network; completed artifacts are safe, and a rerun resumes."
+            ) from None
+
+    return call
+
+
+def _is_fault(error: BaseException) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(error, ClientError):
+        return False  # the server answered (access denied, no such bucket, ...): not an outage
+    return isinstance(error, BotoCoreError | OSError | TimeoutError)
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith(S3)
+
+
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, path within it) for a local path or an `s3://` URI (settings: `fsspec_options`)."""
+    if not is_s3(uri):
+        if "://" in uri:
+            raise StorageError(f"storage URI {uri!r}: only local paths and s3:// URIs are supported")
+        return fsspec.filesystem("file"), uri
+    return fsspec.filesystem("s3", **fsspec_options(uri)), uri.removeprefix(S3)
+
+
+def fsspec_options(uri: str) -> dict[str, Any]:
+    """The fsspec settings for `uri`, for libraries that open storage themselves (torch.distributed.checkpoint).
+
+    S3 settings come from the variables the Snakemake S3 storage plugin reads
+    (SNAKEMAKE_STORAGE_S3_{ENDPOINT_URL,ACCESS_KEY,SECRET_KEY,TOKEN,REGION}), so jobs reach the same store as
+    Snakemake; unset ones fall back to boto's AWS_* chain.
+    """
+    if not is_s3(uri):
+        return {}
+    settings = _s3_settings()
+    # No listing or instance cache: a verification must see storage as it is now.
+    return {
+        "endpoint_url": settings["endpoint_url"],
+        "key": settings["aws_access_key_id"],
+        "secret": settings["aws_secret_access_key"],
+        "token": settings["aws_session_token"],
+        "client_kwargs": {"region_name": settings["region_name"]} if settings["region_name"] else {},
+        "config_kwargs": _s3_timeouts(),
+        "skip_instance_cache": True,
+        "use_listings_cache": False,
+    }
+
+
+def _s3_settings() -> dict[str, str | None]:
+    env = os.environ
+    return {
+        "endpoint_url": env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
+        "aws_access_key_id": env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,
+        "aws_secret_access_key": env.get("SNAKEMAKE_STORAGE_S3_SECRET_KEY") or None,
+        "aws_session_token": env.get("SNAKEMAKE_STORAGE_S3_TOKEN") or None,
+        "region_name": env.get("SNAKEMAKE_STORAGE_S3_REGION") or None,
+    }
+
+
+def _s3_timeouts() -> dict[str, Any]:
+    env = os.environ
+    return {
+        "connect_timeout": float(env.get("RLBUILD_S3_CONNECT_TIMEOUT_S") or CONNECT_TIMEOUT_S),
+        "read_timeout": float(env.get("RLBUILD_S3_READ_TIMEOUT_S") or READ_TIMEOUT_S),
+        "retries": {"max_attempts": int(env.get("RLBUILD_S3_ATTEMPTS") or S3_ATTEMPTS), "mode": "standard"},
+    }
+
+
+def s3_client() -> Any:
+    """A boto3 client for what fsspec does not offer (conditional writes), with the same settings and timeouts."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(**_s3_timeouts()), **_s3_settings())
+
+
+def _bucket_key(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix(S3).partition("/")
+    return bucket, key
+
+
+def _precondition_failed(error: Exception) -> bool:
+    code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+@_reported
+def create_exclusive(uri: str, text: str) -> bool:
+    """Create the object only if nothing is there (S3 `If-None-Match: *`; a hard link locally); False if it exists."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _bucket_key(uri)
+        try:
+            s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+        except ClientError as error:
+            if _precondition_failed(error):
+                return False
+            raise
+        return True
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)  # atomic, and fails if the name exists: the whole content or nothing
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+@_reported
+def read_tagged(uri: str) -> tuple[str, str] | None:
+    """(content, tag) where the tag changes whenever the object does (S3: its ETag); None if absent."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _bucket_key(uri)
+        try:
+            response = s3_client().get_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise
+        return response["Body"].read().decode(), response["ETag"]
+    text = read_text(uri)
+    return None if text is None else (text, hashlib.sha256(text.encode()).hexdigest())
+
+
+@_reported
+def replace_if(uri: str, text: str, tag: str) -> str | None:
+    """Overwrite the object only if it still has `tag`; the new tag, or None if someone else changed it.
+
+    S3 checks the ETag itself (`If-Match`); a local file is compared, then replaced atomically (two writers on one
+    filesystem within the same millisecond can both win: local leases guard against people, not races)."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _bucket_key(uri)
+        try:
+            response = s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfMatch=tag)
+        except ClientError as error:
+            if _precondition_failed(error) or error.response.get("Error", {}).get("Code") == "NoSuchKey":
+                return None
+            raise
+        return str(response["ETag"])
+    current = read_tagged(uri)
+    if current is None or current[1] != tag:
+        return None
+    write_text(uri, text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def join(root: str, *parts: str) -> str:
+    """`root/part/...` for a local path or URI; empty parts are skipped."""
+    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+
+@_reported
+def exists(uri: str) -> bool:
+    fs, path = filesystem(uri)
+    return bool(fs.exists(path))
+
+
+@_reported
+def read_text(uri: str) -> str | None:
+    """The whole object as text; None when it does not exist."""
+    fs, path = filesystem(uri)
+    try:
+        with fs.open(path, "r", encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def read_json(uri: str) -> Any:
+    """A JSON document; None when it does not exist."""
+    text = read_text(uri)
+    return None if text is None else json.loads(text)
+
+
+@_reported
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole object atomically: local files under a temporary name, then renamed; S3 in one PUT."""
+    if is_s3(uri):
+        fs, path = filesystem(uri)
+        fs.pipe_file(path, data)
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    # os.open with 0o666 honours the umask, unlike mkstemp's 0o600.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode("utf-8"))
+
+
+def write_json(uri: str, value: Any) -> None:
+    write_text(uri, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+@_reported
+def put_dir(local: Path, uri: str, replace: bool = True) -> None:
+    """Copy the contents of a local folder to `uri`, replacing what is there (or, with `replace=False`, beside
+    it: how the ranks of one checkpoint each add their own files)."""
+    if is_s3(uri):
+        fs, path = filesystem(uri)
+        if replace and fs.exists(path):
+            fs.rm(path, recursive=True)
+        fs.put(f"{str(local).rstrip('/')}/", path.rstrip("/") + "/", recursive=True)
+        return
+    target = Path(uri)
+    if replace:
+        shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(local, target, dirs_exist_ok=not replace)
+
+
+@_reported
+def get_dir(uri: str, local: Path) -> Path:
+    """A local copy of a stored folder (the folder itself when it is already local)."""
+    if not is_s3(uri):
+        return Path(uri)
+    fs, path = filesystem(uri)
+    fs.get(path.rstrip("/") + "/", f"{str(local).rstrip('/')}/", recursive=True)
+    return local
+
+
+@_reported
+def remove(uri: str) -> None:
+    fs, path = filesystem(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+@_reported
+def list_names(uri: str) -> list[str]:
+    """Names of the entries directly under `uri` (empty when it does not exist)."""
+    fs, path = filesystem(uri)
+    try:
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,64 @@
+"""Pydantic validation errors as violations a person can act on: the field, the value, and a fix."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rlbuild.core.errors import Violation
+
+
+def violations(error: ValidationError, raw: Any, model: type[BaseModel], prefix: str = "") -> list[Violation]:
+    """One violation per problem pydantic found while validating `raw` as `model`; fields get `prefix`."""
+    return [_describe(e, raw, model, prefix) for e in error.errors()]
+
+
+def _describe(error: Any, raw: Any, root: type[BaseModel], prefix: str) -> Violation:
+    loc = [str(p) for p in error["loc"]]
+    field = prefix + (".".join(loc) or "<root>")
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        parent = _model_at(root, loc[:-1])
+        known = sorted(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        fix = f"did you mean '{close[0]}'?" if close else f"known keys here: {', '.join(known)}"
+        return Violation(field, "unknown key", fix)
+    if kind == "missing":
+        return Violation(field, "is required", "add it; every role-plan and topology field is explicit")
+    value = _value_at(raw, error["loc"])
+    return Violation(field, f"{error['msg']} (got {_short(value)})")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    model = root
+    for part in loc:
+        if part.isdigit():
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        for inner in list(candidates):
+            candidates += list(getattr(inner, "__args__", ()))
+        found = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _value_at(raw: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        try:
+            raw = raw[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return raw

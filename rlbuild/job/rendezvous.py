@@ -1,0 +1,170 @@
+"""The gang's rendezvous folder in artifact storage (a local folder or s3://), one per job and attempt.
+
+Layout under `<root>/<job>/<gang id>/attempt-<n>/`:
+  head.json         rank 0's Ray address, written once Ray's head is up
+  alive/<rank>      a rank has joined Ray: the time, rewritten while its Ray node runs (a heartbeat)
+  inputs/<rank>     a worker rank materialised its inputs
+  done              rank 0's job step succeeded: workers exit 0
+  failed            rank 0's job step failed (the text says how): workers exit non-zero
+
+`<job>` is the Iris job name (or `slurm-<job id>`), `<gang id>` is fixed at submission (a re-used job name never
+sees an older submission's files) and `<n>` is the attempt (Iris's, or the link of a requeued Slurm job): a
+restarted gang rendezvouses in a fresh folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlbuild.core import storage
+from rlbuild.core.errors import RlbuildError
+
+
+class RendezvousError(RlbuildError):
+    """The gang could not assemble: a rank did not arrive in time, or rank 0 reported a failure."""
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Which task of the gang this process is: its job, its rank, and the job's attempt (a fresh rendezvous each)."""
+
+    job: str
+    rank: int
+    attempt: int
+    scheduler: str = "iris"
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> TaskIdentity:
+        """Iris's `IRIS_TASK_ID`, or Slurm's `SLURM_JOB_ID`, `SLURM_PROCID` and `SLURM_RESTART_COUNT` (the link
+        of a requeued job; one task per node, so the rank is also `SLURM_NODEID`)."""
+        if "IRIS_TASK_ID" in environ or "SLURM_PROCID" not in environ:
+            return cls.parse(environ.get("IRIS_TASK_ID", ""))
+        values = {name: environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_PROCID")}
+        values["SLURM_RESTART_COUNT"] = environ.get("SLURM_RESTART_COUNT") or "0"
+        bad = [f"{name}={value!r}" for name, value in values.items() if not value.isdigit()]
+        if bad:
+            raise RendezvousError(f"{', '.join(bad)}: not a Slurm task's numbers; run the bootstrap under srun")
+        return cls(
+            job=f"slurm-{values['SLURM_JOB_ID']}",
+            rank=int(values["SLURM_PROCID"]),
+            attempt=int(values["SLURM_RESTART_COUNT"]),
+            scheduler="slurm",
+        )
+
+    @classmethod
+    def parse(cls, task_id: str) -> TaskIdentity:
+        job, sep, tail = task_id.rpartition("/")
+        index, colon, attempt = tail.partition(":")
+        if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
+            raise RendezvousError(
+                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
+                "run the bootstrap as an Iris task or a Slurm task (srun)"
+            )
+        return cls(job=job, rank=int(index), attempt=int(attempt or 0))
+
+
+class Rendezvous:
+    """One attempt's rendezvous folder. Every write is a whole small object (atomic on S3 and locally)."""
+
+    def __init__(self, root: str, job: str, gang_id: str, attempt: int, poll_s: float = 0.5) -> None:
+        self.job_root = storage.join(root, _safe(job))
+        self.gang_root = storage.join(self.job_root, _safe(gang_id))
+        self.uri = storage.join(self.gang_root, f"attempt-{attempt}")
+        self.poll_s = poll_s
+
+    def clear_stale(self) -> list[str]:
+        """Rank 0: remove every earlier submission's and attempt's folder of this job; keep this attempt's."""
+        removed = []
+        for gang in storage.list_names(self.job_root):
+            gang_uri = storage.join(self.job_root, gang)
+            if gang_uri != self.gang_root:
+                stale = [gang_uri]
+            else:
+                stale = [storage.join(gang_uri, a) for a in storage.list_names(gang_uri)]
+                stale = [uri for uri in stale if uri != self.uri]
+            for uri in stale:
+                storage.remove(uri)
+                removed.append(uri)
+        return removed
+
+    def publish_head(self, address: str, **extra: Any) -> None:
+        self._write("head.json", json.dumps({"address": address, **extra}))
+
+    def wait_head(self, timeout_s: float) -> dict[str, Any]:
+        text = self._wait_for("head.json", timeout_s, "rank 0 to publish the Ray head address")
+        return json.loads(text)
+
+    def mark_alive(self, rank: int) -> None:
+        self._write(f"alive/{rank}", str(time.time()))
+
+    def alive_ranks(self) -> set[int]:
+        return set(self._ranks("alive"))
+
+    def heartbeats(self) -> dict[int, float]:
+        """Each rank's last alive time (epoch seconds), for `rlbuild status`."""
+        beats = {}
+        for rank in self._ranks("alive"):
+            text = self._read(f"alive/{rank}") or ""
+            beats[rank] = float(text) if text.replace(".", "", 1).isdigit() else 0.0
+        return beats
+
+    def mark_inputs(self, rank: int) -> None:
+        self._write(f"inputs/{rank}", str(time.time()))
+
+    def ranks_with_inputs(self) -> set[int]:
+        return set(self._ranks("inputs"))
+
+    def head(self) -> dict[str, Any] | None:
+        text = self._read("head.json")
+        return None if text is None else json.loads(text)
+
+    def _ranks(self, folder: str) -> list[int]:
+        return [int(name) for name in storage.list_names(storage.join(self.uri, folder)) if name.isdigit()]
+
+    def mark_done(self) -> None:
+        self._write("done", str(time.time()))
+
+    def mark_failed(self, reason: str) -> None:
+        self._write("failed", reason)
+
+    def outcome(self) -> tuple[bool, str] | None:
+        """(True, "") once rank 0 succeeded, (False, reason) once it failed, None while it runs."""
+        if storage.exists(storage.join(self.uri, "done")):
+            return True, ""
+        failed = self._read("failed")
+        return None if failed is None else (False, failed)
+
+    def wait_outcome(self, still_running: Callable[[], bool]) -> tuple[bool, str]:
+        """Wait for rank 0's outcome while `still_running()` holds (this node's Ray is up)."""
+        while True:
+            outcome = self.outcome()
+            if outcome is not None:
+                return outcome
+            if not still_running():
+                return False, "this node's Ray process exited before rank 0 finished (the head is gone?)"
+            time.sleep(self.poll_s)
+
+    def _wait_for(self, name: str, timeout_s: float, what: str) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self._read(name)
+            if text is not None:
+                return text
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"timed out after {timeout_s:.0f}s waiting for {what} at {self.uri}/{name}")
+            time.sleep(self.poll_s)
+
+    def _write(self, name: str, text: str) -> None:
+        storage.write_text(storage.join(self.uri, name), text)
+
+    def _read(self, name: str) -> str | None:
+        return storage.read_text(storage.join(self.uri, name))
+
+
+def _safe(part: str) -> str:
+    """A path component from a job name or id (Iris names are `/user/job`)."""
+    return part.strip("/").replace("/", ".") or "_"

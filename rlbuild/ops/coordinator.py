@@ -1,0 +1,157 @@
+"""The detached coordinator: the graph itself runs as a small CPU Iris job, so the laptop may disconnect.
+
+`rlbuild submit TARGET...` submits `snakemake --profile iris TARGET...` as one Iris job (seed 000: 4 CPU,
+16 GB, 64 GB disk) and returns. Inside it, the Iris executor submits every job as a child of the coordinator,
+so `rlbuild cancel` (Iris: cancel a job and its descendants) stops it and all its jobs at once. The job's name
+is derived from the experiment root and the targets: a second submission of the same targets finds the
+coordinator that runs (Iris answers for the name) and follows it instead of starting another. Each submission
+leaves a record in storage, `<experiment root>/.coordinators/<name>.json`, which `rlbuild status` follows.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlbuild.core import storage
+from rlbuild.core.errors import RlbuildError
+from rlbuild.core.wire import forwarded
+from rlbuild.schedulers.jobstate import RUNNING, SchedulerUnavailableError, iris_states, iris_terminate
+
+FOLDER = ".coordinators"
+WORK_FOLDER = ".rlbuild/coordinators"  # the coordinator's Snakemake working folder, under the checkout
+# The executor settings a coordinator's Snakemake reads from its environment.
+IRIS_SETTINGS = ("SNAKEMAKE_IRIS_CLUSTER", "SNAKEMAKE_IRIS_CPU_POOL")
+
+
+class CoordinatorError(RlbuildError):
+    """A coordinator could not be submitted, found or cancelled."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """The coordinator's task: Snakemake, the staging steps and launch resolution run in it."""
+
+    cpu: float = 4.0
+    memory: str = "16GB"
+    disk: str = "64GB"
+
+
+def coordinator_name(experiment_root: str, targets: list[str]) -> str:
+    digest = hashlib.sha256("\n".join([experiment_root, *sorted(targets)]).encode()).hexdigest()[:10]
+    experiment = "".join(c if c.isalnum() or c in "-." else "-" for c in experiment_root.rsplit("/", 1)[-1].lower())
+    return f"rlbuild-{experiment[:30]}-{digest}"
+
+
+def record_uri(experiment_root: str, name: str) -> str:
+    return storage.join(experiment_root, FOLDER, f"{name}.json")
+
+
+def command(repo: Path, name: str, targets: list[str], snakemake_args: list[str]) -> str:
+    """What the coordinator runs, from the checkout (nodes see it at the same path, as every Iris job here)."""
+    workdir = repo / WORK_FOLDER / name
+    argv = [sys.executable, "-m", "snakemake", *targets, "--profile", "iris", "--snakefile", str(repo / "Snakefile")]
+    argv += ["--directory", str(workdir), *snakemake_args]
+    return f"mkdir -p {shlex.quote(str(workdir))} && " + " ".join(shlex.quote(a) for a in argv)
+
+
+def submit(
+    url: str,
+    experiment_root: str,
+    targets: list[str],
+    snakemake_args: list[str],
+    size: Size,
+    cpu_pool: str | None,
+    repo: Path,
+) -> tuple[str, bool]:
+    """Submit the coordinator, or find the one of these targets that runs. Returns (Iris job id, adopted)."""
+    from rlbuild.schedulers.iris import Iris, IrisSubmitError, Placement, Submission, shell
+
+    name = coordinator_name(experiment_root, targets)
+    place = Placement(
+        replicas=1,
+        cpu=size.cpu,
+        memory=size.memory,
+        disk=size.disk,
+        gpu_variant=None,
+        gpus_per_node=0,
+        priority="interactive",
+        max_retries=0,  # a lost coordinator is resubmitted by hand: a second Snakemake would adopt its jobs anyway
+        coschedule=None,
+    )
+    env = forwarded(os.environ) | {k: os.environ[k] for k in IRIS_SETTINGS if os.environ.get(k)}
+    env["SNAKEMAKE_IRIS_CONTROLLER_URL"] = url
+    sub = Submission(
+        command=shell(str(repo), command(repo, name, targets, snakemake_args)),
+        env=env,
+        ports=[],
+        scheduling_timeout_s=1800,
+        cpu_pool=cpu_pool,
+    )
+    iris = Iris(url)
+    try:
+        job_id, adopted = iris.submit(name, place, sub)
+    except IrisSubmitError as error:
+        raise CoordinatorError(str(error)) from error
+    finally:
+        iris.close()
+    record = {
+        "name": name,
+        "job": job_id.to_wire(),
+        "controller_url": url,
+        "targets": targets,
+        "snakemake_args": snakemake_args,
+        "user": getpass.getuser(),
+        "submitted_at": time.time(),
+    }
+    if not adopted:
+        storage.write_json(record_uri(experiment_root, name), record)
+    return job_id.to_wire(), adopted
+
+
+def records(experiment_root: str) -> list[dict[str, Any]]:
+    """Every coordinator submitted for this experiment root, newest first."""
+    folder = storage.join(experiment_root, FOLDER)
+    found = [storage.read_json(storage.join(folder, n)) for n in storage.list_names(folder) if n.endswith(".json")]
+    return sorted((r for r in found if isinstance(r, dict)), key=lambda r: -float(r.get("submitted_at", 0)))
+
+
+def following(experiment_root: str, url: str | None) -> list[dict[str, Any]]:
+    """The coordinators of this experiment root with their Iris state (one call), for `rlbuild status`."""
+    found = records(experiment_root)
+    if not found:
+        return []
+    states: dict[str, str] = {}
+    note = None
+    if url:
+        try:
+            states = iris_states(url, [r["job"] for r in found])
+        except SchedulerUnavailableError as error:
+            note = str(error)
+    else:
+        note = "no Iris controller given (--iris-controller-url)"
+    return [
+        {"job": r["job"], "targets": r.get("targets"), "job_state": states.get(r["job"]), "job_state_note": note}
+        for r in found
+    ]
+
+
+def cancel(experiment_root: str, url: str, targets: list[str]) -> list[str]:
+    """Cancel the running coordinators of these targets (all of the experiment root's when none are given), and
+    with them every job they submitted. Returns the cancelled job ids."""
+    found = records(experiment_root)
+    if targets:
+        name = coordinator_name(experiment_root, targets)
+        found = [r for r in found if r["name"] == name]
+    states = iris_states(url, [r["job"] for r in found])
+    running = [r["job"] for r in found if states.get(r["job"]) in RUNNING]
+    for job in running:
+        iris_terminate(url, job)
+    return running

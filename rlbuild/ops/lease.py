@@ -1,0 +1,192 @@
+"""One writer per artifact, across machines: a lease in storage, taken before an artifact is built.
+
+A run takes `<experiment root>/.leases/<kind>/v<version>` for every artifact it is about to build, with an atomic
+create-if-absent (S3 `If-None-Match: *`, a hard link locally), refreshes it every HEARTBEAT_S seconds with a
+conditional overwrite (S3 `If-Match` on the ETag it holds), and deletes it when the run ends. A second run that
+finds a lease refuses, naming who holds it; a lease whose heartbeat is older than STALE_S (its holder died) is
+taken over with the same conditional overwrite, and the takeover is logged. A lease whose holder ran on this very
+machine (same host and boot) and whose process is gone (killed with SIGKILL) is taken over at once: waiting out
+the heartbeat would only delay the rerun a person typed after the kill. The identity record written last by the
+build, not the lease, is what says an artifact is complete.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rlbuild.core import storage
+from rlbuild.core.errors import RlbuildError
+
+HEARTBEAT_S = 15.0
+STALE_S = 120.0  # 8 missed heartbeats: the holder is gone (clocks of the machines must agree within a minute)
+LEASES = ".leases"
+
+
+class LeaseHeldError(RlbuildError):
+    """Another run is building the artifact right now."""
+
+
+def lease_uri(experiment_root: str, kind: str, version: str) -> str:
+    return storage.join(experiment_root, LEASES, kind, f"v{version}")
+
+
+def _boot_id() -> str:
+    """Distinguishes boots of one host, so a pid recorded before a reboot is never mistaken for a live one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class Holder:
+    """Who holds a lease: enough for a person to find the run."""
+
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    host: str = field(default_factory=socket.gethostname)
+    user: str = field(default_factory=getpass.getuser)
+    pid: int = field(default_factory=os.getpid)
+    started: float = field(default_factory=lambda: _started(os.getpid()))
+    boot: str = field(default_factory=_boot_id)
+    job: str = field(default_factory=lambda: os.environ.get("IRIS_TASK_ID") or os.environ.get("SLURM_JOB_ID") or "")
+    since: str = field(default_factory=_now)
+
+    def document(self) -> str:
+        return json.dumps({**self.__dict__, "heartbeat": _now(), "heartbeat_epoch": time.time()}, sort_keys=True)
+
+
+def describe(document: dict[str, Any]) -> str:
+    age = time.time() - float(document.get("heartbeat_epoch", 0))
+    job = f", job {document['job']}" if document.get("job") else ""
+    return (
+        f"run {document.get('run')} of {document.get('user')}@{document.get('host')} (pid {document.get('pid')}{job}) "
+        f"since {document.get('since')}, last heartbeat {age:.0f} s ago"
+    )
+
+
+def holder_is_gone(document: dict[str, Any]) -> bool:
+    """True only when the holder ran on this machine in this boot and its process no longer exists (a reused pid
+    has another start time). A holder on another machine is judged by its heartbeat alone."""
+    if document.get("host") != socket.gethostname() or not document.get("boot") or document["boot"] != _boot_id():
+        return False
+    pid = document.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    return abs(_started(pid) - float(document.get("started") or 0)) > 1.0
+
+
+def parse(text: str) -> dict[str, Any]:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return {}  # unreadable: treated as held, and as stale once it is old
+    return document if isinstance(document, dict) else {}
+
+
+def read_lease(uri: str) -> dict[str, Any] | None:
+    found = storage.read_tagged(uri)
+    return None if found is None else parse(found[0])
+
+
+def held_leases(experiment_root: str) -> dict[str, dict[str, Any]]:
+    """Every lease under an experiment root, by `<kind>/v<version>`, with one listing per kind."""
+    root = storage.join(experiment_root, LEASES)
+    return {
+        f"{kind}/{name}": document
+        for kind in storage.list_names(root)
+        for name in storage.list_names(storage.join(root, kind))
+        if (document := read_lease(storage.join(root, kind, name))) is not None
+    }
+
+
+class Leases:
+    """The leases one run holds, refreshed by one heartbeat thread until `release_all`."""
+
+    def __init__(self, heartbeat_s: float = HEARTBEAT_S, stale_s: float = STALE_S) -> None:
+        self.holder = Holder()
+        self.heartbeat_s, self.stale_s = heartbeat_s, stale_s
+        self.held: dict[str, str] = {}  # uri -> the tag we last wrote
+        self.lost: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, uri: str, what: str) -> None:
+        """Take the lease at `uri` for building `what`; LeaseHeldError if a live run holds it."""
+        document = self.holder.document()
+        if storage.create_exclusive(uri, document):
+            self.held[uri] = storage.read_tagged(uri)[1]  # type: ignore[index]
+            return
+        found = storage.read_tagged(uri)
+        if found is None:  # released between our two calls
+            return self.acquire(uri, what)
+        current = parse(found[0])
+        if current.get("run") == self.holder.run:
+            self.held[uri] = found[1]
+            return None
+        age = time.time() - float(current.get("heartbeat_epoch", 0))
+        if age <= self.stale_s and not holder_is_gone(current):
+            raise LeaseHeldError(
+                f"{what} is being built by {describe(current)}; wait for that run to finish (or stop it), then run "
+                f"again. A lease without a heartbeat for {self.stale_s:.0f} s is taken over ({uri})."
+            )
+        tag = storage.replace_if(uri, document, found[1])
+        if tag is None:  # another run took it over first
+            return self.acquire(uri, what)
+        print(f"rlbuild: took over the stale lease of {what} from {describe(current)}", file=sys.stderr, flush=True)
+        self.held[uri] = tag
+        return None
+
+    def start_heartbeat(self) -> None:
+        if self._thread is None and self.held:
+            self._thread = threading.Thread(target=self._beat, name="rlbuild-lease-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            for uri, tag in list(self.held.items()):
+                try:
+                    new = storage.replace_if(uri, self.holder.document(), tag)
+                except Exception as error:  # a storage hiccup: the next beat tries again
+                    print(f"rlbuild: lease heartbeat for {uri} failed: {error}", file=sys.stderr, flush=True)
+                    continue
+                if new is None:
+                    self.lost.append(uri)
+                    del self.held[uri]
+                    print(f"rlbuild: lost the lease {uri} to another run (our heartbeat stalled)", file=sys.stderr)
+                else:
+                    self.held[uri] = new
+
+    def release_all(self) -> None:
+        """Stop the heartbeat and delete every lease that is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.heartbeat_s)
+        for uri in list(self.held):
+            document = read_lease(uri)
+            if document is not None and document.get("run") == self.holder.run:
+                storage.remove(uri)
+            del self.held[uri]

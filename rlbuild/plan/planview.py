@@ -1,0 +1,186 @@
+"""The plan a reviewer reads before a launch (seed 001's list), as text or JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION
+from rlbuild.contracts.layout import pack
+from rlbuild.core.redact import redact
+from rlbuild.core.wire import numeric_env
+from rlbuild.plan.modelcheck import source_model_config
+from rlbuild.plan.preflight import rollout_backend, vllm_version
+from rlbuild.plan.resolve import Plan
+from rlbuild.plan.roleplan import shape_of_plan
+from rlbuild.plan.slurm import expected_links
+
+
+def artifact_uris(plan: Plan) -> dict[str, str]:
+    return {a.kind: plan.uri(a.path(plan.version)) for a in ARTIFACTS if a.kind in plan.records}
+
+
+def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] | None:
+    """The Slurm placement and the chain it implies: one job per link of `time_limit`, at most `max_links`."""
+    placement = plan.experiment.execution.slurm
+    if placement is None:
+        return None
+    configured = placement.step_time_s
+    step_time = configured if configured is not None else measured_step_time
+    source = "configured" if configured is not None else ("measured" if step_time is not None else None)
+    return {
+        **placement.model_dump(exclude={"step_time_s"}),
+        "step_time_s": step_time,
+        "step_time_source": source,
+        "expected_links": expected_links(placement, plan.recipe.trainer.max_steps, step_time),
+    }
+
+
+def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> dict[str, Any]:
+    e, g, launch = plan.experiment, plan.geometry, plan.launch
+    rp = e.role_plan
+    return redact(
+        {
+            "experiment": e.name,
+            "version": plan.version,
+            "mutable": plan.version == MUTABLE_VERSION,
+            "runtime": launch.runtime.model_dump(),
+            "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": vllm_version()},
+            "model_config": model_config_dict(plan),
+            "jobs": {kind: getattr(e.execution, kind).model_dump() for kind in ("export", "eval")},
+            "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
+            "placement": {
+                "cluster": launch.iris.cluster,
+                "priority": launch.iris.priority,
+                "max_retries": launch.iris.max_retries,
+            },
+            "slurm": slurm_dict(plan, measured_step_time),
+            "env": {
+                "placement": {k: v for k, v in launch.env.items() if k not in numeric_env(launch.env)},
+                "numerics": numeric_env(launch.env),
+            },
+            "geometry": {
+                "colocate_all": rp.colocate_all,
+                "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
+                "reference": "shares policy GPUs"
+                if rp.colocate_all or rp.ref_num_nodes == 0
+                else f"{rp.ref_num_nodes} nodes",
+                "engines": rp.num_inference_engines,
+                "tp": rp.inference_engine_tensor_parallel_size,
+                "pp": rp.inference_engine_pipeline_parallel_size,
+                "dp": rp.inference_engine_data_parallel_size,
+                "ep": rp.inference_engine_expert_parallel_size,
+                # A resolved plan passed preflight, so its engines pack (rlbuild/contracts/layout.py).
+                "layout": pack(shape_of_plan(e.topology, rp)).summary(),
+                **g.as_dict(),
+            },
+            "batches": {
+                "train_batch_size": rp.train_batch_size,
+                "policy_mini_batch_size": rp.policy_mini_batch_size,
+                "micro_train_batch_size_per_gpu": rp.micro_train_batch_size_per_gpu,
+                "n_samples_per_prompt": rp.n_samples_per_prompt,
+                "max_steps": plan.recipe.trainer.max_steps,
+            },
+            "artifacts": {k: r["identity"] for k, r in plan.records.items()},
+            "outputs": artifact_uris(plan),
+            "temporary_root": plan.uri(plan.temporary.root),
+            "terminal_stage": terminal_stage,
+        }
+    )
+
+
+def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
+    if slurm is None:
+        return []
+    if slurm["expected_links"] is None:
+        expected = "expected links unknown (no step time: set execution.slurm.step_time_s)"
+    else:
+        expected = (
+            f"expected {slurm['expected_links']} ({max_steps} steps x {slurm['step_time_s']:g} s "
+            f"{slurm['step_time_source']})"
+        )
+    return [
+        f"  slurm          account {slurm['account'] or '-'}, partition {slurm['partition'] or '-'}, "
+        f"qos {slurm['qos'] or '-'}; whole nodes, exclusive, one task per node",
+        f"  chain          wall-clock limit {slurm['time_limit']} per link, checkpoint and hand-over "
+        f"{slurm['signal_lead_s']} s before it; at most {slurm['max_links']} link(s), {expected}",
+    ]
+
+
+MODEL_FIELDS = ("num_attention_heads", "num_key_value_heads", "max_position_embeddings", "vocab_size")
+
+
+def model_config_dict(plan: Plan) -> dict[str, Any]:
+    """What preflight knew of the model (read from its source), and the token budget checked against it."""
+    config = source_model_config(plan.experiment)
+    g = plan.recipe.generator
+    known = {k: config.values.get(k) for k in MODEL_FIELDS} if config.values is not None else None
+    return {
+        "origin": config.origin,
+        "fields": known,
+        "length_budget": g.max_prompt_length + g.sampling_params.max_generate_length,
+    }
+
+
+def format_model_config(model: dict[str, Any]) -> str:
+    if model["fields"] is None:
+        return f"config not known before staging ({model['origin']}); checked against the staged model"
+    f = model["fields"]
+    return (
+        f"{model['origin']}: {f['num_attention_heads']} heads, {f['num_key_value_heads']} KV heads, "
+        f"{f['max_position_embeddings']} positions (prompt + generation {model['length_budget']}), "
+        f"vocab {f['vocab_size']}"
+    )
+
+
+def format_rollout(rollout: dict[str, str | None]) -> str:
+    if rollout["backend"] == "vllm":
+        return f"vLLM {rollout['vllm']} (the nodes run this checkout's .venv)"
+    return "torch: Hugging Face generate with a KV cache"
+
+
+def format_env(env: dict[str, dict[str, str]]) -> list[str]:
+    """`execution.env` as the jobs will see it, split by whether it enters the launch identity."""
+    placement = " ".join(f"{k}={v}" for k, v in env["placement"].items())
+    numerics = " ".join(f"{k}={v}" for k, v in env["numerics"].items())
+    return [f"  job env        {placement or '-'} (placement); {numerics or '-'} (numerics: in the launch identity)"]
+
+
+def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> str:
+    d = plan_dict(plan, terminal_stage, measured_step_time)
+    geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
+    mode = "mutable: rebuilds when inputs change" if d["mutable"] else "immutable"
+    roles = (
+        f"{'colocated' if geo['colocate_all'] else 'separate'}: policy {geo['policy']} = {geo['policy_gpus']} GPUs; "
+        f"{geo['engines']} engine(s) TP{geo['tp']} PP{geo['pp']} DP{geo['dp']} EP{geo['ep']} = {geo['rollout_gpus']} "
+        f"GPUs; reference {geo['reference']}"
+    )
+    lines = [
+        f"rlbuild plan: {d['experiment']} @ {d['version']} ({mode})",
+        f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
+        f"source digest {d['runtime']['source_digest'][:16]}",
+        f"  rollout        {format_rollout(d['rollout'])}",
+        f"  model          {format_model_config(d['model_config'])}",
+        f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
+        f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
+        f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
+        *format_slurm(d["slurm"], bat["max_steps"]),
+        f"  export, eval   {d['jobs']['export']['cpu']} CPUs, {d['jobs']['export']['memory']}; "
+        f"{d['jobs']['eval']['cpu']} CPUs, {d['jobs']['eval']['memory']}",
+        *format_env(d["env"]),
+        f"  role geometry  {roles}; planned {geo['planned_gpus']} of {geo['allocated_gpus']}",
+        f"  layout         {geo['layout']}",
+        f"  batches        {bat['train_batch_size']} prompts x {bat['n_samples_per_prompt']} samples = "
+        f"{geo['samples_per_step']} samples/step; mini {bat['policy_mini_batch_size']} "
+        f"({geo['optimizer_steps_per_global_step']} optimizer step(s)/step); micro "
+        f"{bat['micro_train_batch_size_per_gpu']}/GPU ({geo['micro_batches_per_optimizer_step']} micro-batches); "
+        f"{bat['max_steps']} steps",
+        "  artifacts",
+    ]
+    for a in ARTIFACTS:
+        if a.kind in d["artifacts"]:
+            lines.append(f"    {a.kind:<12} {d['artifacts'][a.kind]:<58} {d['outputs'][a.kind]}")
+    lines += [
+        f"  temporary      {d['temporary_root']}",
+        f"  terminal stage {d['terminal_stage']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""Every deterministic check of an experiment, collected at once, and the recipe composed from it.
+
+Fast: no torch, no ray, no network but one short read of a Hub model's config.json that the HF cache lacks
+(rlbuild/plan/modelcheck.py). It runs while Snakemake builds the DAG (so a dry run fails before
+any job starts) and behind `rlbuild check`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rlbuild.contracts.recipe import Recipe, recipe_problems
+from rlbuild.contracts.sources import SourceError, parse_source
+from rlbuild.core.errors import PreflightError, Violation
+from rlbuild.core.validation import violations
+from rlbuild.core.wire import is_secret_name
+from rlbuild.core.yamlfile import load_yaml
+from rlbuild.plan.environments import check_environments
+from rlbuild.plan.identity import flatten
+from rlbuild.plan.modelcheck import check_model, source_model_config
+from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
+from rlbuild.plan.slurm import CPU_VARIANT, check_chain
+from rlbuild.plan.spec import Experiment, RolePlan, Runtime, Topology
+
+# Strategies this runtime can execute, and the package that would provide the others.
+INSTALLED_STRATEGIES = {"fsdp2"}
+INSTALL_VLLM = "scripts/setup.sh --extra gpu"
+STRATEGY_PROVIDERS = {"megatron": "megatron-core"}
+
+
+def parse_experiment(raw: Any, source: str) -> Experiment:
+    """Validate a parsed experiment mapping; raise PreflightError listing every structural problem."""
+    if not isinstance(raw, dict):
+        raise PreflightError(source, [Violation("<root>", "must be a mapping of the experiment's fields")])
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as exc:
+        found = violations(exc, raw, Experiment)
+    raise PreflightError(source, found + _arithmetic_of_parts(raw))
+
+
+def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:
+    """Role-plan arithmetic of the sections that did parse, so one run reports every problem."""
+    try:
+        topology = Topology.model_validate(raw.get("topology"))
+        plan = RolePlan.model_validate(raw.get("role_plan"))
+        runtime = Runtime.model_validate(raw.get("runtime"))
+    except ValidationError:
+        return []
+    return check_role_plan(topology, plan, runtime)
+
+
+def load_experiment(path: Path) -> Experiment:
+    return parse_experiment(load_yaml(path, "experiment"), str(path))
+
+
+def role_plan_values(experiment: Experiment) -> dict[str, Any]:
+    """The recipe keys the role plan, runtime and seed own, with the values they render."""
+    return {
+        "trainer.strategy": experiment.runtime.strategy,
+        "trainer.seed": experiment.seed,
+        **role_plan_recipe_keys(experiment.role_plan),
+    }
+
+
+def _owner(key: str) -> str:
+    return {"trainer.strategy": "runtime.strategy", "trainer.seed": "seed"}.get(key, "role_plan")
+
+
+def compose_recipe(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:
+    """The experiment's recipe over the typed defaults, with the role plan rendered in; None if it is invalid."""
+    stated = flatten(experiment.recipe)
+    out: list[Violation] = []
+    merged: dict[str, Any] = _copy_tree(experiment.recipe)
+    for key, value in role_plan_values(experiment).items():
+        if key in stated and (type(stated[key]) is not type(value) or stated[key] != value):
+            out.append(
+                Violation(
+                    f"recipe.{key}",
+                    f"states {stated[key]!r} but {_owner(key)} renders {value!r}",
+                    f"delete it from the recipe; {_owner(key)} is the single source of this value",
+                )
+            )
+        _set(merged, key, value)
+    try:
+        recipe = Recipe.model_validate(merged)
+    except ValidationError as exc:
+        found = [v for v in violations(exc, merged, Recipe, "recipe.") if v.field not in {o.field for o in out}]
+        return None, out + found
+    return recipe, out + recipe_problems(recipe)
+
+
+def _copy_tree(tree: Any) -> Any:
+    return {k: _copy_tree(v) for k, v in tree.items()} if isinstance(tree, dict) else tree
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = tree.setdefault(key, {})
+        if not isinstance(child, dict):
+            # A user's non-mapping here is reported by validation; the rendered value must not hide it.
+            return
+        tree = child
+    tree[leaf] = value
+
+
+def check_strategy(recipe: Recipe) -> list[Violation]:
+    strategy = recipe.trainer.strategy
+    if strategy in INSTALLED_STRATEGIES:
+        return []
+    return [
+        Violation(
+            "runtime.strategy",
+            f"{strategy!r}: this runtime installs no {STRATEGY_PROVIDERS.get(strategy, strategy)} backend "
+            "(not in uv.lock), so the job would fail after GPUs are allocated",
+            f"use one of {sorted(INSTALLED_STRATEGIES)}, or pin a runtime that provides it",
+        )
+    ]
+
+
+def vllm_version() -> str | None:
+    """The vLLM this runtime has (the nodes run the submitter's checkout and venv), or None; never imported here."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return "unknown version"
+
+
+def on_gpus(experiment: Experiment) -> bool:
+    return experiment.topology.gpu_variant.lower() != CPU_VARIANT
+
+
+def rollout_backend(experiment: Experiment, recipe: Recipe) -> str:
+    """The engine the job's rollouts will use: `auto` is vLLM on GPUs, Hugging Face generate (torch) on CPU ranks."""
+    backend = recipe.generator.backend
+    return ("vllm" if on_gpus(experiment) else "torch") if backend == "auto" else backend
+
+
+def check_backend(experiment: Experiment, recipe: Recipe) -> list[Violation]:
+    """vLLM where the plan needs it must be in the runtime the job will use (the submitter's venv)."""
+    if rollout_backend(experiment, recipe) != "vllm" or vllm_version() is not None:
+        return []
+    why = (
+        "generator.backend 'auto' means vLLM on GPUs"
+        if recipe.generator.backend == "auto"
+        else "generator.backend is 'vllm'"
+    )
+    return [
+        Violation(
+            "recipe.generator.backend",
+            f"{why} (topology.gpu_variant {experiment.topology.gpu_variant}), and the runtime the job will use has "
+            "no vllm: the nodes run this checkout and its .venv",
+            f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes), or set generator.backend: torch",
+        )
+    ]
+
+
+def check_sources(experiment: Experiment) -> list[Violation]:
+    entries = [
+        ("model", experiment.model.source, experiment.model.revision),
+        ("model.tokenizer", experiment.model.tokenizer.source, experiment.model.tokenizer.revision),
+    ]
+    entries += [(f"data.train.{i}", d.source, d.revision) for i, d in enumerate(experiment.data.train)]
+    entries += [(f"data.validation.{i}", d.source, d.revision) for i, d in enumerate(experiment.data.validation)]
+    out: list[Violation] = []
+    for field, source, revision in entries:
+        try:
+            problems = parse_source(source, revision).check()
+        except SourceError as exc:
+            problems = [str(exc)]
+        out += [Violation(f"{field}.source", problem) for problem in problems]
+    return out
+
+
+def check_credentials(recipe: Recipe) -> list[Violation]:
+    """Credentials a stage will need, checked where they are forwarded from: the submitting environment."""
+    if recipe.trainer.logger != "wandb":
+        return []
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return []
+    return [
+        Violation(
+            "recipe.trainer.logger",
+            "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), and none is set",
+            "export WANDB_API_KEY, or set WANDB_MODE=offline, or use logger: console",
+        )
+    ]
+
+
+def check_plain_values(experiment: Experiment) -> list[Violation]:
+    """No value interpolates (`${...}`) and none carries a secret: an experiment's values are recorded in the launch
+    document and in identity records, and fingerprinted, so a secret in one would be stored and compared."""
+    secrets = {value: name for name, value in os.environ.items() if is_secret_name(name) and len(value) >= 8}
+    out: list[Violation] = []
+    for field, value in flatten(experiment.model_dump(mode="json")).items():
+        if not isinstance(value, str):
+            continue
+        if "${" in value:
+            out.append(
+                Violation(
+                    field,
+                    "interpolation (${...}) is not supported",
+                    "write the value itself; secrets stay in the environment",
+                )
+            )
+        holder = next((name for secret, name in secrets.items() if secret in value), None)
+        if holder is not None:
+            out.append(
+                Violation(
+                    field,
+                    f"holds the value of the secret environment variable {holder}",
+                    "remove it: secrets reach jobs through the environment, never through an experiment, a record "
+                    "or a fingerprint",
+                )
+            )
+    return out
+
+
+def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:
+    """All version-independent checks; returns the composed recipe (None if invalid) and every violation."""
+    violations_found = check_plain_values(experiment)
+    violations_found += check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
+    recipe, recipe_violations = compose_recipe(experiment)
+    violations_found += recipe_violations
+    if recipe is not None:
+        violations_found += check_strategy(recipe) + check_credentials(recipe) + check_backend(experiment, recipe)
+        t, placement = recipe.trainer, experiment.execution.slurm
+        step_time = placement.step_time_s if placement else None
+        violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)
+    model_config = source_model_config(experiment).values
+    if model_config is not None:
+        violations_found += check_model(model_config, experiment, recipe)
+    violations_found += check_sources(experiment)
+    violations_found += check_environments(experiment, recipe.environment.env_class if recipe else None)
+    return recipe, violations_found

@@ -1,0 +1,244 @@
+"""Resolve one version of an experiment into its plan: the checked recipe, the identity records of every
+artifact, and the launch document. Pure and fast: it runs for every version Snakemake considers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlbuild.contracts import runtime
+from rlbuild.contracts.artifacts import METRICS_NAME, TemporaryPaths, artifact
+from rlbuild.contracts.launch import (
+    SCHEMA_VERSION,
+    Allocation,
+    Artifacts,
+    Ingress,
+    Input,
+    Inputs,
+    Iris,
+    LaunchDocument,
+    Ray,
+    Run,
+    Runtime,
+)
+from rlbuild.contracts.recipe import Recipe
+from rlbuild.contracts.sources import parse_source
+from rlbuild.core.errors import PreflightError
+from rlbuild.core.storage import join
+from rlbuild.core.wire import numeric_env
+from rlbuild.plan import environments
+from rlbuild.plan.identity import derived_record, make_record
+from rlbuild.plan.preflight import check_experiment, load_experiment
+from rlbuild.plan.roleplan import Geometry, geometry
+from rlbuild.plan.spec import Experiment, check_version
+from rlbuild.stages.staging import local_content_digest
+
+BASE_MODEL_SOURCE = "artifact:base_model"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One experiment version, resolved: what will be built, where, and from what."""
+
+    experiment: Experiment
+    version: str
+    experiment_root: str
+    geometry: Geometry
+    recipe: Recipe
+    records: dict[str, dict[str, Any]]
+    launch: LaunchDocument
+
+    @property
+    def temporary(self) -> TemporaryPaths:
+        return temporary_paths(self.experiment, self.version, self.records["train"]["fingerprint"])
+
+    @property
+    def uses_base_model(self) -> bool:
+        return BASE_MODEL_SOURCE in (self.experiment.model.source, self.experiment.model.tokenizer.source)
+
+    def uri(self, relative: str) -> str:
+        return join(self.experiment_root, relative)
+
+
+def temporary_paths(experiment: Experiment, version: str, train_fingerprint: str) -> TemporaryPaths:
+    return TemporaryPaths(version, experiment.retention.temporary_storage_ttl_days, train_fingerprint)
+
+
+def local_contents(sources: dict[str, tuple[str, str]]) -> dict[str, dict[str, str]]:
+    """`{"content": {name: digest}}` for the `local:` sources among `sources`: a local revision is only a label,
+    so what the folder holds now is part of the identity (editing a local model folder changes it)."""
+    digests = {
+        name: local_content_digest(parsed)
+        for name, (source, revision) in sources.items()
+        if (parsed := parse_source(source, revision)).scheme == "local"
+    }
+    return {"content": digests} if digests else {}
+
+
+def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: str) -> dict[str, dict[str, Any]]:
+    """Every artifact's identity record, in build order; each names the identities it depends on."""
+    name = experiment.name
+    records: dict[str, dict[str, Any]] = {}
+    model_deps: dict[str, str] = {}
+    if BASE_MODEL_SOURCE in (experiment.model.source, experiment.model.tokenizer.source):
+        fields = {"revision": experiment.model.revision, "seed": experiment.seed, "runtime_source_digest": digest}
+        records["base_model"] = make_record(experiment=name, kind="base_model", version=version, fields=fields)
+        model_deps["base_model"] = records["base_model"]["identity"]
+    model = experiment.model
+    model_content = local_contents(
+        {"model": (model.source, model.revision), "tokenizer": (model.tokenizer.source, model.tokenizer.revision)}
+    )
+    records["stage_model"] = make_record(
+        experiment=name,
+        kind="stage_model",
+        version=version,
+        fields={"model": model.model_dump(), "deps": model_deps, **model_content},
+        deps=model_deps,
+    )
+    data = {
+        f"{split}.{i}": (d.source, d.revision)
+        for split in ("train", "validation")
+        for i, d in enumerate(getattr(experiment.data, split))
+    }
+    # Environments from other packages than rlbuild carry their own version into what they generate and score.
+    task_providers = environments.providers(list(environments.task_sources(experiment).values()))
+    records["stage_data"] = make_record(
+        experiment=name,
+        kind="stage_data",
+        version=version,
+        fields={
+            "data": experiment.data.model_dump(),
+            **local_contents(data),
+            **({"environments": task_providers} if task_providers else {}),
+        },
+    )
+    launch_deps = {k: records[k]["identity"] for k in ("stage_model", "stage_data")}
+    records["launch"] = make_record(
+        experiment=name,
+        kind="launch",
+        version=version,
+        fields=_launch_fields(experiment, version, recipe, digest, launch_deps),
+        deps=launch_deps,
+    )
+    for kind in ("train", "export", "eval"):
+        records[kind] = derived_record(records["launch"], kind)
+    return records
+
+
+def _launch_fields(
+    experiment: Experiment, version: str, recipe: Recipe, digest: str, deps: dict[str, str]
+) -> dict[str, Any]:
+    """The identity-bearing fields of the launch record: what the training computes from, and with which code."""
+    launch_fields = {
+        "name": experiment.name,
+        "version": version,
+        "runtime": {**experiment.runtime.model_dump(), "source_digest": digest},
+        "seed": experiment.seed,
+        "topology": experiment.topology.model_dump(),
+        "role_plan": experiment.role_plan.model_dump(),
+        "retention": experiment.retention.model_dump(),
+        "recipe": recipe.model_dump(mode="json"),
+        "deps": deps,
+    }
+    env_provider = environments.providers([recipe.environment.env_class])
+    if env_provider:
+        launch_fields["environments"] = env_provider
+    numeric = numeric_env(experiment.execution.env)
+    if numeric:  # only these job variables change what training computes; the rest are placement
+        launch_fields["env"] = numeric
+    return launch_fields
+
+
+def _iris_section(experiment: Experiment) -> Iris:
+    """The launch document's scheduler request: the allocation, and Iris's own settings where the experiment sets
+    them."""
+    iris, topology = experiment.execution.iris, experiment.topology
+    return Iris(
+        cluster=iris.cluster if iris else None,
+        allocation=Allocation(
+            num_nodes=topology.num_nodes,
+            gpus_per_node=topology.gpus_per_node,
+            gpu_variant=topology.gpu_variant,
+            cpu=iris.cpu if iris else None,
+            memory=iris.memory if iris else None,
+            disk=iris.disk if iris else None,
+        ),
+        priority=iris.priority if iris else None,
+        max_retries=iris.max_retries if iris else None,
+    )
+
+
+def build_launch(
+    experiment: Experiment, version: str, root: str, recipe: Recipe, records: dict[str, dict[str, Any]], digest: str
+) -> LaunchDocument:
+    """The launch document of a resolved version (rlbuild/contracts/launch.py says what each section means)."""
+    temporary = temporary_paths(experiment, version, records["train"]["fingerprint"])
+    data_root = join(root, artifact("stage_data").version_folder(version))
+    data_identity = records["stage_data"]["identity"]
+    return LaunchDocument(
+        schema_version=SCHEMA_VERSION,
+        run=Run(
+            id=f"{experiment.name}-{version}",
+            name=experiment.name,
+            version=version,
+            seed=experiment.seed,
+            fingerprint=records["launch"]["fingerprint"],
+        ),
+        runtime=Runtime(
+            entrypoint=experiment.runtime.entrypoint,
+            strategy=experiment.runtime.strategy,
+            source_digest=digest,
+        ),
+        iris=_iris_section(experiment),
+        ingress=Ingress(mode="ray_actors"),
+        ray=Ray(address=None, rendezvous_dir=join(root, temporary.attempts, "rendezvous")),
+        artifacts=Artifacts(
+            checkpoint_root=join(root, temporary.checkpoints),
+            attempts_root=join(root, temporary.attempts),
+            export_root=join(root, artifact("export").path(version)),
+            terminal_manifest_uri=join(root, artifact("train").path(version)),
+            metrics_uri=join(root, artifact("train").file(version, METRICS_NAME)),
+            metrics_segments_root=join(root, temporary.metrics),
+            resume_checkpoint_count=experiment.retention.resume_checkpoint_count,
+        ),
+        inputs=Inputs(
+            model=Input(
+                uri=join(root, artifact("stage_model").path(version)), identity=records["stage_model"]["identity"]
+            ),
+            train_data=[
+                Input(uri=f"{data_root}/train/{i}.jsonl", identity=data_identity)
+                for i, _ in enumerate(experiment.data.train)
+            ],
+            validation_data=[
+                Input(uri=f"{data_root}/validation/{i}.jsonl", identity=data_identity)
+                for i, _ in enumerate(experiment.data.validation)
+            ],
+        ),
+        recipe=recipe,
+        env=dict(sorted(experiment.execution.env.items())),
+    )
+
+
+def resolve(experiment: Experiment, version: str, storage_root: str, source: str = "experiment") -> Plan:
+    """Resolve one version of an experiment; raise PreflightError with every violation found."""
+    recipe, violations = check_experiment(experiment)
+    violations = check_version(version) + violations
+    if violations or recipe is None:
+        raise PreflightError(source, violations)
+    digest = runtime.source_digest()
+    root = join(storage_root, experiment.name)
+    records = build_records(experiment, version, recipe, digest)
+    return Plan(
+        experiment=experiment,
+        version=version,
+        experiment_root=root,
+        geometry=geometry(experiment.topology, experiment.role_plan),
+        recipe=recipe,
+        records=records,
+        launch=build_launch(experiment, version, root, recipe, records, digest),
+    )
+
+
+def resolve_file(path: Path, version: str, storage_root: str) -> Plan:
+    return resolve(load_experiment(path), version, storage_root, source=str(path))

@@ -1,0 +1,333 @@
+"""The experiment file (`config/experiments/<name>.yaml`) as pydantic models.
+
+Field names are the user-facing contract. Unknown keys are errors with a "did you mean".
+Structural problems (types, unknown keys, missing fields) are collected all at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rlbuild.core.errors import Violation
+from rlbuild.core.wire import job_env_problems
+
+CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(?:\.(\d{1,4}))?$")
+MUTABLE_VERSION = "dev"
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a GPU variant, a cluster name: one path or label segment
+SIZE_PATTERN = re.compile(r"^(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+SIZE_UNITS = {
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+MAX_SIZE_BYTES = 2**50  # 1 PiB: no node has more memory or disk
+
+# Upper bounds far beyond any cluster, so that no check's cost grows with a mistyped number's magnitude.
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_PARALLEL = 1024  # TP, PP, DP, EP of one engine
+MAX_ENGINES = 65536
+MAX_BATCH = 2**20  # prompts (or samples) in a batch
+MAX_SAMPLES_PER_PROMPT = 4096
+# Every generator the trainer seeds (Python, torch, numpy) accepts it, also after deriving per-step seeds.
+MAX_SEED = 2**32 - 1
+MAX_NAME_LENGTH = 63  # the experiment's folder, S3 keys and scheduler job names carry it
+MAX_SOURCE_LENGTH = 1024  # an S3 key's limit
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Runtime(_Strict):
+    entrypoint: Literal["grpo", "fully_async"]
+    strategy: Literal["fsdp2", "megatron"]
+
+
+Source = Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_LENGTH)]
+Revision = Annotated[str, Field(max_length=256)]
+Nodes = Annotated[int, Field(ge=1, le=MAX_NODES)]
+Parallel = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
+Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
+class Tokenizer(_Strict):
+    source: Source
+    revision: Revision
+
+
+class Model(_Strict):
+    source: Source
+    revision: Revision
+    tokenizer: Tokenizer
+
+
+class DataSource(_Strict):
+    source: Source
+    revision: Revision
+
+
+class Data(_Strict):
+    train: list[DataSource] = Field(min_length=1, max_length=1024)
+    validation: list[DataSource] = Field(min_length=1, max_length=1024)
+
+
+class Topology(_Strict):
+    num_nodes: Nodes
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    gpu_variant: str = Field(min_length=1, max_length=32, pattern=LABEL)
+
+
+class RolePlan(_Strict):
+    """Every field is explicit. `ref_num_nodes: 0` means the reference shares the policy's GPUs."""
+
+    colocate_all: bool
+    policy_num_nodes: Nodes
+    policy_num_gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    ref_num_nodes: int = Field(ge=0, le=MAX_NODES)
+    num_inference_engines: int = Field(ge=1, le=MAX_ENGINES)
+    inference_engine_tensor_parallel_size: Parallel
+    inference_engine_pipeline_parallel_size: Parallel
+    inference_engine_data_parallel_size: Parallel
+    inference_engine_expert_parallel_size: Parallel
+    train_batch_size: Batch
+    policy_mini_batch_size: Batch
+    micro_train_batch_size_per_gpu: Batch
+    n_samples_per_prompt: int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT)
+
+
+class Retention(_Strict):
+    resume_checkpoint_count: int = Field(ge=1, le=5)
+    temporary_storage_ttl_days: int = Field(ge=1, le=3650)
+
+
+def size_bytes(value: str) -> int:
+    """Bytes of a size like '512GB' or '64GiB'; ValueError naming the accepted forms otherwise."""
+    match = SIZE_PATTERN.match(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+    return int(float(match[1]) * SIZE_UNITS[match[3]])
+
+
+def node_size(value: str) -> str:
+    """A node's memory or disk, checked to be a size some node has."""
+    if not 0 < size_bytes(value) <= MAX_SIZE_BYTES:
+        raise ValueError(f"{value!r} is not a size a node has; give more than 0 and at most 1PB")
+    return value.strip()
+
+
+class IrisExecution(_Strict):
+    """Placement on Iris. Never part of an artifact's identity."""
+
+    cluster: str = Field(min_length=1, max_length=63, pattern=LABEL)
+    cpu: float = Field(gt=0, le=1024)
+    memory: str
+    disk: str
+    priority: Literal["production", "interactive", "batch"] = "interactive"
+    max_retries: int = Field(1, ge=0, le=100)
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @field_validator("memory", "disk")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        return node_size(value)
+
+
+TIME_LIMIT_PATTERN = re.compile(r"^(?:(\d{1,3})-)?(\d{1,4}):(\d{2}):(\d{2})$")
+MAX_TIME_LIMIT_S = 365 * 86400
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's `[D-]HH:MM:SS` as seconds (the form `sbatch --time` and `sinfo` print)."""
+    match = TIME_LIMIT_PATTERN.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a Slurm time limit; write it like '11:59:00' or '1-00:00:00'")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    if minutes > 59 or seconds > 59:
+        raise ValueError(f"{text!r} has more than 59 minutes or seconds; write it like '11:59:00' or '1-00:00:00'")
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class SlurmExecution(_Strict):
+    """Placement on Slurm. Never part of an artifact's identity.
+
+    `account` and `partition` are checked by preflight (not required here) so that every Slurm problem of an
+    experiment is reported in one pass, with the others.
+    """
+
+    account: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    partition: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    qos: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    time_limit: str = Field(description="wall-clock limit of one link of the train chain, [D-]HH:MM:SS")
+    max_links: int = Field(default=4, ge=1, le=1000, description="jobs a train chain may take before it fails")
+    signal_lead_s: int = Field(
+        default=300, ge=1, le=86400, description="seconds before the limit at which training checkpoints and hands over"
+    )
+    step_time_s: float | None = Field(default=None, gt=0, le=86400, description="expected seconds per training step")
+    cpus_per_node: int | None = Field(default=None, ge=1, le=4096)
+    memory_per_node: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, value: str) -> str:
+        if not 60 <= time_limit_seconds(value) <= MAX_TIME_LIMIT_S:
+            raise ValueError(f"{value!r} is not a link's time limit; give at least a minute and at most 365 days")
+        return value.strip()
+
+    @field_validator("memory_per_node")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return None if value is None else node_size(value)
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
+
+
+class JobSize(_Strict):
+    """What one export or eval job asks its scheduler for (Snakemake's own default is 1 CPU and 1000 MB).
+    Placement: never part of an artifact's identity."""
+
+    cpu: int = Field(2, ge=1, le=1024)
+    memory: str = "4GB"
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        return node_size(value)
+
+    @property
+    def mem_mb(self) -> int:
+        return max(1, size_bytes(self.memory) // 10**6)
+
+
+MAX_ENV_VARIABLES = 256
+MAX_ENV_VALUE = 4096
+
+
+class Execution(_Strict):
+    iris: IrisExecution | None = None
+    slurm: SlurmExecution | None = None
+    export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
+    eval: JobSize = Field(default_factory=JobSize, description="the eval job's CPUs and memory")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_VARIABLES,
+        description="plain (non-secret) environment variables for every task of the experiment's jobs",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        """Names that may be set (rlbuild/core/wire.py); YAML integers (`NCCL_P2P_DISABLE: 1`) become their text."""
+        if not isinstance(value, dict):
+            return value
+        problems = job_env_problems(value)
+        for name, item in value.items():
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                problems.append(f'{name}: {item!r} is not text; quote it (e.g. {name}: "1")')
+            elif len(str(item)) > MAX_ENV_VALUE or "\0" in str(item):
+                problems.append(f"{name}: the value is not an environment value (NUL, or over {MAX_ENV_VALUE} chars)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return {name: str(item) for name, item in value.items()}
+
+
+class Experiment(_Strict):
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    seed: int = Field(ge=0, le=MAX_SEED)
+    runtime: Runtime
+    model: Model
+    data: Data
+    topology: Topology
+    role_plan: RolePlan
+    retention: Retention
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    execution: Execution = Field(default_factory=Execution)
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, protected_namespaces=())
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value) or ".." in value:
+            raise ValueError(
+                f"{value!r} is not a path segment; use lower-case letters, digits, '.', '_' and '-' "
+                "(it names the experiment's folder in storage)"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """The largest node a cluster offers, where a profile declares it (None: not declared, not checked)."""
+
+    cpu: float | None
+    memory: str | None
+    disk: str | None
+
+
+def check_node_sizes(experiment: Experiment, limits: NodeLimits) -> list[Violation]:
+    """Every per-node size the experiment asks for fits the largest node the profile declares."""
+    execution = experiment.execution
+    asked: list[tuple[str, str, float | str | None]] = [
+        ("execution.export.cpu", "cpu", execution.export.cpu),
+        ("execution.export.memory", "memory", execution.export.memory),
+        ("execution.eval.cpu", "cpu", execution.eval.cpu),
+        ("execution.eval.memory", "memory", execution.eval.memory),
+    ]
+    if execution.iris is not None:
+        asked += [("execution.iris.cpu", "cpu", execution.iris.cpu)]
+        asked += [("execution.iris.memory", "memory", execution.iris.memory)]
+        asked += [("execution.iris.disk", "disk", execution.iris.disk)]
+    if execution.slurm is not None:
+        asked += [("execution.slurm.cpus_per_node", "cpu", execution.slurm.cpus_per_node)]
+        asked += [("execution.slurm.memory_per_node", "memory", execution.slurm.memory_per_node)]
+    out: list[Violation] = []
+    for field, kind, value in asked:
+        limit = getattr(limits, kind)
+        if value is None or limit is None:
+            continue
+        too_big = value > limit if kind == "cpu" else size_bytes(str(value)) > size_bytes(str(limit))
+        if too_big:
+            out.append(
+                Violation(
+                    field,
+                    f"asks for {value} but the largest node the profile declares has {kind} {limit}",
+                    f"ask for at most {limit} (config node_{kind}), or use a cluster with larger nodes",
+                )
+            )
+    return out
+
+
+def check_version(version: str) -> list[Violation]:
+    """A version is `dev` or a real calendar date YYYY.MM.DD with an optional .N (N up to 9999)."""
+    if version == MUTABLE_VERSION:
+        return []
+    fix = "use YYYY.MM.DD or YYYY.MM.DD.N for an immutable run (e.g. 2026.09.21), or 'dev' while iterating"
+    match = CALENDAR_VERSION.match(version)
+    if not match:
+        return [Violation("version", f"{_short(version)} is not a calendar version", fix)]
+    try:
+        date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError as exc:
+        return [Violation("version", f"{version!r} is not a date ({exc})", fix)]
+    return []
+
+
+def _short(value: str, limit: int = 40) -> str:
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} characters)"

@@ -1,0 +1,112 @@
+"""Every check, in one place: the experiment's (`experiment_problems`) and one version's, resolved and checked
+against what storage already holds for it (`checked_plan`).
+
+The dry run (`snakemake -n`), every real run and `rlbuild check` all go through these two functions (`check_all`
+runs both, for `rlbuild check`; the Snakefile runs the first while it is parsed and the second in the rules' input
+functions), so they refuse exactly the same things: a bad version, every preflight violation, node sizes over the
+profile's limits, a Slurm partition that cannot hold the gang (where Slurm answers), configuration drift of a
+completed artifact of a fixed version, training that would start or resume under other code than its launch
+document or checkpoints name, engine geometry the staged model cannot shard, and a Slurm chain that the step time
+measured by an earlier run of the version would not fit.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from rlbuild.contracts import checkpoints
+from rlbuild.contracts.artifacts import artifact
+from rlbuild.contracts.metricstream import read_run_metrics
+from rlbuild.core.errors import PreflightError, RlbuildError, Violation
+from rlbuild.core.storage import read_json
+from rlbuild.plan import slurm
+from rlbuild.plan.identity import check_drift, check_training_runtime
+from rlbuild.plan.modelcheck import check_model
+from rlbuild.plan.preflight import check_experiment, load_experiment
+from rlbuild.plan.resolve import Plan, resolve
+from rlbuild.plan.spec import Experiment, NodeLimits, check_node_sizes, check_version
+
+
+class StoredRecords:
+    """The identity records storage holds for one version, read once each."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.read = cache(self._read)
+
+    def _read(self, kind: str) -> dict[str, Any] | None:
+        return read_json(self.plan.uri(artifact(kind).record(self.plan.version)))
+
+    def complete(self, kind: str) -> bool:
+        """The record is written last: an artifact with a record is complete."""
+        return self.read(kind) is not None
+
+
+def experiment_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool) -> list[Violation]:
+    """Every version-independent check; `ask_slurm`: also the partition, asked of Slurm (sinfo) where it answers."""
+    return check_experiment(experiment)[1] + _placement_problems(experiment, node_limits, ask_slurm=ask_slurm)
+
+
+def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool) -> list[Violation]:
+    """The checks of where jobs run that resolving a version does not make: node sizes, the Slurm partition."""
+    problems = check_node_sizes(experiment, node_limits)
+    return problems + slurm.partition_problems(experiment) if ask_slurm else problems
+
+
+def check_all(
+    experiment: Experiment, versions: list[str], storage_root: str, source: str, node_limits: NodeLimits
+) -> tuple[dict[str, Plan], list[Violation]]:
+    """What `rlbuild check` runs: every check the dry run makes, the partition included; (plans, violations).
+    Each version's `checked_plan` makes the experiment's own checks (resolving runs check_experiment)."""
+    problems = _placement_problems(experiment, node_limits, ask_slurm=True)
+    plans: dict[str, Plan] = {}
+    for version in versions:
+        try:
+            plans[version] = checked_plan(experiment, version, storage_root, source)
+        except RlbuildError as exc:
+            problems += exc.as_violations()
+    return plans, problems
+
+
+def measured_step_time(experiment: Experiment, plan: Plan) -> float | None:
+    """Seconds per step measured by an earlier run of this version (a previous link, a crashed attempt), when the
+    experiment runs on Slurm and states none."""
+    placement = experiment.execution.slurm
+    if placement is None or placement.step_time_s is not None:
+        return None
+    artifacts = plan.launch.artifacts
+    return slurm.measured_step_time(read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0])
+
+
+def checked_plan(experiment: Experiment, version: str, storage_root: str, source: str, *, measure: bool = True) -> Plan:
+    """Resolve `version` and check it against storage; raise the first class of problems found (all of them).
+
+    `measure`: also check the chain against the step time an earlier run measured (inside a job it is off: a
+    later link reads the earlier links' metrics, and the submitter has checked)."""
+    problems = check_version(version)
+    if problems:
+        raise PreflightError(source, problems)
+    plan = resolve(experiment, version, storage_root, source=source)
+    stored = StoredRecords(plan)
+    check_drift(version, plan.records, stored.read)
+    if not stored.complete("train"):
+        state = checkpoints.latest_state(plan.uri(plan.temporary.checkpoints))
+        check_training_runtime(version, plan.launch.runtime.source_digest, stored.read("launch"), state)
+    staged_model = artifact("stage_model").path(version)
+    model_config = read_json(plan.uri(f"{staged_model}/config.json"))
+    problems = check_model(model_config or {}, experiment, plan.recipe)
+    if problems:
+        raise PreflightError(f"{source} (staged model {staged_model})", problems)
+    measured = measure and measured_step_time(experiment, plan)
+    if measured:
+        t = plan.recipe.trainer
+        problems = slurm.check_chain(experiment, t.max_steps, t.ckpt_interval, measured)
+        if problems:
+            raise PreflightError(f"{source} (step time measured in an earlier run)", problems)
+    return plan
+
+
+def check_file(path: Path, version: str, storage_root: str) -> Plan:
+    return checked_plan(load_experiment(path), version, storage_root, str(path))

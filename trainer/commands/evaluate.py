@@ -1,0 +1,96 @@
+"""Scoring: greedy accuracy and pass@k of a policy on `{prompt, answer}` rows.
+
+`score` works with any generate function (a local TorchEngine, or the trainer's Ray engines), so the numbers
+the trainer logs and the numbers `python -m trainer eval` reports are computed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from rlbuild.contracts.rows import read_rows
+from rlbuild.core import storage
+from trainer import env as environments
+from trainer.data import encode_prompts
+from trainer.rewards import rewards
+from trainer.workers.engines import Rollout, SamplingParams, TorchEngine
+
+Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
+
+
+def score(
+    generate: Generate,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, Any]],
+    *,
+    max_tokens: int,
+    k: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
+    env_class: str = "exact_match",
+) -> dict[str, Any]:
+    """Greedy accuracy; with k > 1 also pass@k (k samples at `temperature`, solved if any is correct)."""
+    environment = environments.make(env_class)
+    prompts = encode_prompts(tokenizer, rows)
+    greedy = rewards(tokenizer, environment, rows, generate(prompts, SamplingParams(max_tokens, 0.0), seed))
+    result: dict[str, Any] = {"n": len(rows), "accuracy": sum(r >= 1.0 for r in greedy) / max(len(rows), 1)}
+    if k > 1:
+        repeated = [row for row in rows for _ in range(k)]
+        sampled = generate([p for p in prompts for _ in range(k)], SamplingParams(max_tokens, temperature), seed + 1)
+        scores = rewards(tokenizer, environment, repeated, sampled)
+        solved = [any(s >= 1.0 for s in scores[i * k : (i + 1) * k]) for i in range(len(rows))]
+        result |= {"k": k, "pass_at_k": sum(solved) / max(len(rows), 1), "temperature": temperature}
+    return result
+
+
+def evaluate(
+    model_dir: Path,
+    rows: list[dict[str, Any]],
+    k: int = 1,
+    *,
+    max_tokens: int = 4,
+    temperature: float = 1.0,
+    seed: int = 0,
+    env_class: str = "exact_match",
+) -> dict[str, Any]:
+    """Score the HF model folder `model_dir` on `rows` with a local torch engine."""
+    engine = TorchEngine(Path(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return score(
+        engine.generate,
+        tokenizer,
+        rows,
+        max_tokens=max_tokens,
+        k=k,
+        temperature=temperature,
+        seed=seed,
+        env_class=env_class,
+    )
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("eval", help="greedy accuracy and pass@k of an HF model folder on JSONL rows")
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--data", required=True, type=Path, nargs="+", help="JSONL files of {prompt, answer} rows")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--k", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--env-class", default="exact_match", help="the reward environment that scores answers")
+
+    def run(args: argparse.Namespace) -> int:
+        rows = [row for path in args.data for row in read_rows(path)]
+        result = evaluate(
+            args.model, rows, args.k, max_tokens=args.max_tokens, seed=args.seed, env_class=args.env_class
+        )
+        storage.write_json(str(args.out), result)
+        print(json.dumps(result))
+        return 0
+
+    parser.set_defaults(func=run)

@@ -1,0 +1,86 @@
+"""Export: the terminal checkpoint's HF model folder (safetensors, config, tokenizer), verified and copied.
+
+The trainer writes `global_step_N/policy/` as a complete HF folder and hashes it into the checkpoint's manifest;
+terminal.json names the folder (`hf_path`) and the manifest's digest. Exporting never retrains or re-serialises:
+it copies the payload, checking every file against the manifest on the way (a flipped bit is a corruption error
+naming the file, never an export), and writes the export's own manifest for the stages that read it. The caller
+writes its record afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from rlbuild.contracts.checkpoints import HF_FOLDER
+from rlbuild.contracts.launch import LaunchDocument, load_launch
+from rlbuild.contracts.manifest import (
+    ManifestError,
+    fetch_verified,
+    manifest_digest,
+    read_manifest,
+    subtree,
+    write_manifest,
+)
+from rlbuild.core import storage
+from trainer.errors import TrainerError
+
+REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+class ExportError(TrainerError):
+    """The terminal checkpoint cannot be exported."""
+
+
+def export(launch: LaunchDocument, terminal_uri: str, out: str) -> Path | str:
+    text = storage.read_text(terminal_uri)
+    if text is None:
+        raise ExportError(f"--terminal {terminal_uri} does not exist: train this version first (the train rule)")
+    terminal = json.loads(text)
+    hf_uri, checkpoint = terminal.get("hf_path"), terminal.get("checkpoint_path")
+    if not hf_uri or not checkpoint or hf_uri != storage.join(checkpoint, HF_FOLDER):
+        raise ExportError(
+            f"{terminal_uri} names no checkpoint with an HF folder (checkpoint_path, hf_path); it was not written by "
+            "this trainer. Retrain the version."
+        )
+    checkpoint_root = launch.artifacts.checkpoint_root
+    if not hf_uri.startswith(checkpoint_root):
+        raise ExportError(
+            f"{terminal_uri} names hf_path {hf_uri}, outside this launch's checkpoint_root {checkpoint_root}; "
+            "the terminal manifest and launch document belong to different runs"
+        )
+    try:
+        manifest = read_manifest(checkpoint)
+    except ManifestError as error:
+        raise ExportError(
+            f"{error} If the checkpoint expired (temporary storage TTL), retrain (a new version, or --allow-retrain)."
+        ) from None
+    if manifest_digest(manifest) != terminal.get("checkpoint_manifest_sha256"):
+        raise ExportError(
+            f"the manifest of {checkpoint} is not the one {terminal_uri} recorded when training finished: the "
+            "checkpoint was replaced or altered since. Retrain the version (a new version, or --allow-retrain)."
+        )
+    files = subtree(manifest["files"], HF_FOLDER)
+    missing = [name for name in REQUIRED if name not in files]
+    if missing:
+        raise ExportError(f"{hf_uri} lacks {missing}; it is not a Hugging Face model folder. Retrain the version.")
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        local = fetch_verified(hf_uri, files, Path(tmp) / HF_FOLDER)
+        write_manifest(local)
+        storage.put_dir(local, out)
+    return out
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("export", help="write the terminal checkpoint's HF model folder to --out")
+    parser.add_argument("--launch", required=True, type=Path)
+    parser.add_argument("--terminal", required=True)
+    parser.add_argument("--out", required=True)
+
+    def run(args: argparse.Namespace) -> int:
+        print(f"[trainer] exported to {export(load_launch(str(args.launch)), args.terminal, args.out)}")
+        return 0
+
+    parser.set_defaults(func=run)
