@@ -1,7 +1,7 @@
 """Per-step metrics: an append-only stream beside the run, a progress line, and W&B when configured.
 
 Names are namespaced the way W&B groups them (`reward/mean`, `policy/kl`, `perf/step_time_s`, `eval/accuracy`;
-the full list is in docs/design.md). Lines go to the metrics stream (rlbuild/metricstream.py): segments under
+the full list is in docs/design.md). Lines go to the metrics stream (rlbuild/contracts/metricstream.py): segments under
 `artifacts.metrics_segments_root` while the run goes, one merged `metrics.jsonl` at `artifacts.metrics_uri` at
 its end. On resume, lines after the resumed step are dropped, so the stream always describes one consistent run.
 

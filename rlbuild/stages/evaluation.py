@@ -3,7 +3,7 @@
 Writes, into the eval directory: `results.json` (scores plus a summary of training, with its warnings),
 `results.html` (the same as a table, for the Snakemake report) and `curves.png` (reward, held-out accuracy,
 KL, entropy, response length and groups without signal, per step). The scoring itself is the trainer's
-(`python -m trainer eval`); the training curves are the run's metrics stream (rlbuild/metricstream.py).
+(`python -m trainer eval`); the training curves are the run's metrics stream (rlbuild/contracts/metricstream.py).
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ def test_code_edits_leave_completed_versions_usable(pipeline: Pipeline, tmp_path
     clone = copy_of_the_code(tmp_path / "clone")
     for name in ("trainer/loop.py", "rlbuild/plan/resolve.py"):
         (clone / name).write_text((clone / name).read_text() + "# a comment appended by the test\n")
-    (clone / "trainer" / "grpo.py").write_text((clone / "trainer" / "grpo.py").read_text() + "UNUSED_BY_TEST = 1\n")
+    grpo = clone / "trainer" / "workers" / "grpo.py"
+    grpo.write_text(grpo.read_text() + "UNUSED_BY_TEST = 1\n")
     env = {"PYTHONPATH": str(clone)}
     dry = pipeline.run("-n", targets=(f"export/v{VERSION}",), snakefile=clone / "Snakefile", env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
