@@ -53,8 +53,8 @@ COVERED_ELSEWHERE = {
     "python -m trainer run --launch launch.yaml": "tests/trainer/test_run.py runs it on launch documents it writes",
     "make bench": "tests/test_benchmarks.py runs every benchmark on a tiny budget",
     "snakemake --cores 2 --config experiment=tiny-reversal": (
-        "tests/trainer/test_learning.py::test_the_reversal_experiment_learns_the_held_out_strings (its recipe, "
-        "seed and split, held-out accuracy >= 0.5)"
+        "tests/trainer/test_learning.py::test_the_shipped_experiment_learns_its_held_out_prompts[reversal] (its "
+        "recipe, seed and split, held-out accuracy >= 0.2)"
     ),
     "make iris-local": "tests/iris/test_iris_local.py runs its script from a fresh copy of the code",
     "rlbuild submit export/v2026.09.21": "tests/iris/test_coordinator.py (the default graph, detached, to the end)",

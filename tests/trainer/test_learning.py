@@ -57,24 +57,21 @@ def _curve(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_the_addition_experiment_learns_the_held_out_sums(tmp_path: Path) -> None:
-    summary, records = _train(tmp_path, "addition")
-    curve = _curve(records)
-    print(curve)
-    assert summary["initial_eval_accuracy"] <= 0.1, curve
-    assert summary["final_eval_accuracy"] >= 0.8, curve
+# (task, held-out accuracy at the end, mean training reward of the last 10 steps): what the experiment's seed
+# cleared with margin everywhere. Reversal: 5 of the 25 unseen strings, where the base model gets 0-1 and a guess
+# 1 in 125; its train strings are learnt on every machine (reward 0.79-0.98 over the last steps).
+THRESHOLDS = [("addition", 0.8, 0.5), ("reversal", 0.2, 0.5)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_reversal_experiment_learns_the_held_out_strings(tmp_path: Path) -> None:
-    summary, records = _train(tmp_path, "reversal")
+@pytest.mark.parametrize(("task", "held_out", "reward"), THRESHOLDS, ids=[t[0] for t in THRESHOLDS])
+def test_the_shipped_experiment_learns_its_held_out_prompts(
+    tmp_path: Path, task: str, held_out: float, reward: float
+) -> None:
+    summary, records = _train(tmp_path, task)
     curve = _curve(records)
     print(curve)
-    # 5 of the 25 unseen strings, where the base model gets 0-1 and a guess 1 in 125; the train strings are learnt
-    # on every machine (reward 0.79-0.98 over the last steps).
     assert summary["initial_eval_accuracy"] <= 0.1, curve
-    assert summary["final_eval_accuracy"] >= 0.2, curve
-    assert summary["final_reward_mean"] >= 0.5, curve
+    assert summary["final_eval_accuracy"] >= held_out, curve
+    assert summary["final_reward_mean"] >= reward, curve
