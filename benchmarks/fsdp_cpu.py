@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trainer import sharding  # noqa: E402
+from trainer.workers import sharding  # noqa: E402
 
 SAMPLES, TOKENS, MICRO = 32, 24, 8
 MODES = (("bare", 1), ("fsdp2", 1), ("ddp", 2), ("fsdp2", 2))

@@ -54,10 +54,6 @@ def test_learning_spread_trains_a_perturbed_cell_and_prints_its_row() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the local cluster's fake H100 workers advertise 192.0.2.x, so Ray cannot reach a gang's head (issue 19)",
-)
 def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
     out = _bench("benchmarks/gang_bootstrap.py", "--sizes", "1", "--repeats", "1")
     assert "gang start -> all alive" in out
