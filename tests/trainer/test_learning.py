@@ -24,13 +24,15 @@ from trainer import loop
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"
 
 
-def _train(tmp_path: Path, task: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The shipped `tiny-<task>` experiment as it is (its seed, split, role plan and recipe), evaluated ten times on
-    the way; returns the terminal manifest's metrics and every metrics line."""
+def _train(tmp_path: Path, task: str, steps: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The shipped `tiny-<task>` experiment (its seed, split, role plan and recipe; `steps` cuts it short), evaluated
+    ten times on the way; returns the terminal manifest's metrics and every metrics line."""
     experiment = yaml.safe_load((EXPERIMENTS / f"tiny-{task}.yaml").read_text())
     recipe = experiment["recipe"]
-    steps = recipe["trainer"]["max_steps"]
-    recipe["trainer"].update({"ckpt_interval": steps, "eval_interval": steps // 10, "eval_before_train": True})
+    steps = steps or recipe["trainer"]["max_steps"]
+    recipe["trainer"].update(
+        {"max_steps": steps, "ckpt_interval": steps, "eval_interval": steps // 10, "eval_before_train": True}
+    )
     revision = experiment["data"]["train"][0]["revision"]
     path = write_test_launch(
         tmp_path,
@@ -57,21 +59,23 @@ def _curve(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# (task, held-out accuracy at the end, mean training reward of the last 10 steps): what the experiment's seed
-# cleared with margin everywhere. Reversal: 5 of the 25 unseen strings, where the base model gets 0-1 and a guess
-# 1 in 125; its train strings are learnt on every machine (reward 0.79-0.98 over the last steps).
-THRESHOLDS = [("addition", 0.8, 0.5), ("reversal", 0.2, 0.5)]
+# (task, steps, held-out accuracy at the end). Reversal runs its whole recipe: 5 of the 25 unseen strings, where the
+# base model gets 0-1 and a guess 1 in 125, and every machine got 0.32 or more. Addition runs 150 of its 500 steps
+# (CI's time), as the test of rounds 1-2 did on two boxes; its own seed is at 0.60-0.70 by step 150 of the full
+# schedule under every perturbation.
+THRESHOLDS = [("addition", 150, 0.15), ("reversal", None, 0.2)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("task", "held_out", "reward"), THRESHOLDS, ids=[t[0] for t in THRESHOLDS])
+@pytest.mark.parametrize(("task", "steps", "held_out"), THRESHOLDS, ids=[t[0] for t in THRESHOLDS])
 def test_the_shipped_experiment_learns_its_held_out_prompts(
-    tmp_path: Path, task: str, held_out: float, reward: float
+    tmp_path: Path, task: str, steps: int | None, held_out: float
 ) -> None:
-    summary, records = _train(tmp_path, task)
+    summary, records = _train(tmp_path, task, steps)
     curve = _curve(records)
     print(curve)
+    rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
     assert summary["initial_eval_accuracy"] <= 0.1, curve
     assert summary["final_eval_accuracy"] >= held_out, curve
-    assert summary["final_reward_mean"] >= reward, curve
+    assert sum(rewards[-10:]) >= 2 * sum(rewards[:10]) and sum(rewards[-10:]) > 0, curve
