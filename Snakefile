@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake_interface_executor_plugins.settings import SharedFSUsage
+
 from rlbuild.contracts.artifacts import BY_KIND as ARTIFACT
 from rlbuild.core.errors import RlbuildError
 from rlbuild.job.interrupts import forward_to_jobs
@@ -23,6 +25,7 @@ try:
         announce=workflow.is_main_process,
         allow_retrain=CONFIG.allow_retrain,
         on_cluster=workflow.resource_settings.nodes is not None,
+        shares_venv=SharedFSUsage.SOFTWARE_DEPLOYMENT in workflow.storage_settings.shared_fs_usage,
         node_limits=CONFIG.node_limits,
     )
     GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)

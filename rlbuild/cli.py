@@ -57,7 +57,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
     and the Slurm partition where Slurm answers (sinfo)."""
     from rlbuild.plan.versioning import check_all
-    from rlbuild.workflow import experiment_file, workflow_config
+    from rlbuild.workflow import experiment_file, profile_shares_venv, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
@@ -65,7 +65,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     plans: dict[str, Plan] = {}
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
-        plans, errors = check_all(load_experiment(path), versions, storage_root, str(path), config.node_limits)
+        shares_venv = profile_shares_venv(REPO, args.profile) if args.profile else True
+        plans, errors = check_all(
+            load_experiment(path), versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
+        )
     except RlbuildError as exc:
         errors = exc.as_violations()
     if errors and not args.json:
@@ -313,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--version", help="YYYY.MM.DD[.N] or dev (default: config/config.yaml's versions)")
     check.add_argument(
         "--storage-root", help="local folder or s3://bucket/prefix (default: config/config.yaml's, in the repository)"
+    )
+    check.add_argument(
+        "--profile",
+        help="judge the nodes' runtime as `snakemake --profile NAME` runs the jobs (profiles/NAME; e.g. iris: the "
+        "nodes set up from uv.lock or run runtime.image); default: the local executor, this .venv",
     )
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_check)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
@@ -25,6 +26,7 @@ from rlbuild.core.redact import redact_text
 from rlbuild.core.storage import join
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import restrict_to_forwarded
+from rlbuild.core.yamlfile import load_yaml
 from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
 from rlbuild.plan import slurm
 from rlbuild.plan.planview import format_plan
@@ -194,6 +196,26 @@ def experiment_file(repo: Path, selector: str) -> Path:
     return path
 
 
+def profile_shares_venv(repo: Path, profile: str) -> bool:
+    """Whether the jobs of `snakemake --profile <profile>` run this checkout's .venv, decided as Snakemake decides
+    it: an executor plugin that implies no shared file system shares nothing, else the profile's `shared-fs-usage`
+    names `software-deployment` (Snakemake's default shares everything)."""
+    path = Path(profile) / "profile.yaml" if "/" in profile else repo / "profiles" / profile / "profile.yaml"
+    if not path.is_file():
+        known = sorted(p.parent.name for p in (repo / "profiles").glob("*/profile.yaml"))
+        fix = f"use one of {', '.join(known)}, or a profile folder's path"
+        raise PreflightError("--profile", [Violation("profile", f"{profile!r}: there is no {path}", fix)])
+    settings = load_yaml(path, "profile") or {}
+    executor = str(settings.get("executor", "local"))
+    if executor not in ("local", "dryrun", "touch"):
+        from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+        if ExecutorPluginRegistry().get_plugin(executor).common_settings.implies_no_shared_fs:
+            return False
+    usage = settings.get("shared-fs-usage")
+    return usage is None or SharedFSUsage.SOFTWARE_DEPLOYMENT.value in [str(u) for u in usage]
+
+
 @dataclass
 class Graph:
     """One experiment's artifact graph as Snakemake sees it."""
@@ -202,6 +224,8 @@ class Graph:
     announce: bool
     allow_retrain: bool = False
     on_cluster: bool = False  # a cluster executor (remote jobs: Snakemake's --jobs), not the local one
+    # Snakemake shares software deployment with the jobs (its `--shared-fs-usage`): they run this checkout's .venv.
+    shares_venv: bool = True
     node_limits: NodeLimits = field(default_factory=lambda: NodeLimits(None, None, None))
     storage_root: str = ""
     workflow: Any = None
@@ -215,7 +239,9 @@ class Graph:
         # The partition is asked only by the submitting process under a cluster executor (jobs re-read the
         # Snakefile after the submitter checked everything).
         ask_slurm = self.announce and self.on_cluster
-        violations = experiment_problems(self.experiment, self.node_limits, ask_slurm=ask_slurm)
+        violations = experiment_problems(
+            self.experiment, self.node_limits, ask_slurm=ask_slurm, shares_venv=self.shares_venv
+        )
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
 
@@ -240,7 +266,9 @@ class Graph:
         """The checked plan of one version (rlbuild/plan/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
             source = str(self.experiment_file)
-            plan = checked_plan(self.experiment, version, self.storage_root, source, measure=self.announce)
+            plan = checked_plan(
+                self.experiment, version, self.storage_root, source, measure=self.announce, shares_venv=self.shares_venv
+            )
             self._plans[version] = plan
             if self.announce:
                 step_time = measured_step_time(self.experiment, plan)

@@ -42,6 +42,12 @@ class Runtime(_Section):
     entrypoint: Literal["grpo", "fully_async"] = Field(description="the training loop")
     strategy: Literal["fsdp2", "megatron"] = Field(description="how the policy is sharded")
     source_digest: str = Field(description="digest of the code that runs in the job (rlbuild.contracts.runtime)")
+    image: str | None = Field(
+        default=None, description="the container image the nodes run (pinned by digest); None: set up from uv.lock"
+    )
+
+
+CPU_VARIANT = "cpu"  # a topology of CPU ranks (the embedded default): whole nodes, no GPU request
 
 
 class Allocation(_Section):

@@ -21,13 +21,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rlbuild.contracts.launch import load_launch
+from rlbuild.contracts.launch import CPU_VARIANT, load_launch
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import CONTINUE_EXIT_CODE, STOP_AT_ENV
 from rlbuild.job.attempt import run_logged
 
-CPU_VARIANT = "cpu"
 REQUEUE_GRACE_S = 120.0  # Slurm stops the requeued job within KillWait; never outlive that silently
 
 

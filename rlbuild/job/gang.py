@@ -13,6 +13,7 @@ fails (or restarts) the whole gang.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlbuild.contracts.progress import HEARTBEAT_S
 from rlbuild.core import storage
@@ -35,6 +37,9 @@ from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE, RANK_RESOURCE, RAY_PORT_N
 from rlbuild.job import interrupts
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_terminate
+
+if TYPE_CHECKING:
+    from rlbuild.contracts.launch import LaunchDocument
 
 WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
 WORKER_PORTS_PER_RANK = 400
@@ -238,6 +243,7 @@ def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
             "edited since the plan). Run the job from the checkout the plan was made from, or re-plan it from this "
             "code (resolve_launch; a fixed version needs a new version)."
         )
+    check_rollout_backend(document)
     wrong = {name: environ.get(name) for name, value in document.env.items() if environ.get(name) != value}
     if wrong:
         found = ", ".join(f"{n}={v!r}" if v is not None else f"{n} unset" for n, v in wrong.items())
@@ -245,6 +251,22 @@ def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
             f"this node's environment lacks the experiment's execution.env ({found}; {launch} asks for "
             f"{', '.join(f'{n}={document.env[n]!r}' for n in wrong)}): the scheduler did not hand it to the task. Run "
             "the job through the Snakefile (which declares these variables to the executor), not a hand-made command."
+        )
+
+
+def check_rollout_backend(document: LaunchDocument) -> None:
+    """The node has the rollout engine its launch document needs (vLLM for `vllm`, and for `auto` on GPUs):
+    preflight judged the declared runtime (an image it cannot look into, or uv.lock); this is the node itself."""
+    from rlbuild.contracts.launch import CPU_VARIANT
+
+    backend, allocation = document.recipe.generator.backend, document.iris.allocation
+    needs_vllm = backend == "vllm" or (backend == "auto" and allocation.gpu_variant.lower() != CPU_VARIANT)
+    if needs_vllm and importlib.util.find_spec("vllm") is None:
+        image = document.runtime.image
+        raise RuntimeMismatchError(
+            f"generator.backend {backend!r} on {allocation.gpu_variant} needs vLLM, and this node has none "
+            f"({'image ' + image if image else 'set up from uv.lock'}): rollouts would fail after Ray starts. Use "
+            "an image with vLLM (runtime.image), the lock's gpu extra, or generator.backend: torch."
         )
 
 

@@ -17,8 +17,9 @@ from rlbuild.contracts.artifacts import MUTABLE_VERSION
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 
 DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's
-# Names under which records carry the runtime source digest (launch: runtime.source_digest; base_model).
-RUNTIME_FIELDS = frozenset({"source_digest", "runtime_source_digest"})
+# Names under which records carry the runtime (launch: runtime.source_digest and runtime.image; base_model): which
+# code and image built an artifact is provenance, not configuration.
+RUNTIME_FIELDS = frozenset({"source_digest", "runtime_source_digest", "image"})
 
 
 def canonical_json(value: Any) -> str:
@@ -136,15 +137,28 @@ def record_drift(
 
 
 def check_training_runtime(
-    version: str, digest: str, launch_record: Mapping[str, Any] | None, checkpoint_state: Mapping[str, Any] | None
+    version: str,
+    digest: str,
+    launch_record: Mapping[str, Any] | None,
+    checkpoint_state: Mapping[str, Any] | None,
+    image: str | None = None,
 ) -> None:
-    """Training that will start or resume runs this code: its launch document and checkpoints must name it too.
+    """Training that will start or resume runs this code (and `image`): its launch document and checkpoints must
+    name it too.
 
-    Only called for a training that is not complete. Raises RuntimeDriftError naming both digests and the way out.
+    Only called for a training that is not complete. Raises RuntimeDriftError naming both runtimes and the way out.
     """
     if version == MUTABLE_VERSION:
         return  # a dev launch and its checkpoints follow the fingerprint, which carries the digest
-    resolved = (launch_record or {}).get("fields", {}).get("runtime", {}).get("source_digest")
+    resolved_runtime = (launch_record or {}).get("fields", {}).get("runtime", {})
+    if launch_record is not None and resolved_runtime.get("image") != image:
+        raise RuntimeDriftError(
+            f"launch/v{version} was resolved for the node image {resolved_runtime.get('image') or '(none: uv.lock)'}, "
+            f"but runtime.image now is {image or '(none: uv.lock)'}: training would run in another environment "
+            f"than its launch document names. Put runtime.image back, re-resolve the launch with --forcerun "
+            "resolve_launch, or build a new version."
+        )
+    resolved = resolved_runtime.get("source_digest")
     if resolved and resolved != digest:
         raise RuntimeDriftError(
             f"launch/v{version} was resolved by runtime {resolved[:16]}, but the code now is {digest[:16]}: training "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION
@@ -9,7 +10,7 @@ from rlbuild.contracts.layout import pack
 from rlbuild.core.redact import redact
 from rlbuild.core.wire import numeric_env
 from rlbuild.plan.modelcheck import source_model_config
-from rlbuild.plan.preflight import rollout_backend, vllm_version
+from rlbuild.plan.preflight import rollout_backend
 from rlbuild.plan.resolve import Plan
 from rlbuild.plan.roleplan import shape_of_plan
 from rlbuild.plan.slurm import expected_links
@@ -44,7 +45,8 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
             "version": plan.version,
             "mutable": plan.version == MUTABLE_VERSION,
             "runtime": launch.runtime.model_dump(),
-            "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": vllm_version()},
+            "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": plan.nodes.vllm},
+            "nodes": {**asdict(plan.nodes), "description": plan.nodes.describe()},
             "model_config": model_config_dict(plan),
             "jobs": {kind: getattr(e.execution, kind).model_dump() for kind in ("export", "eval")},
             "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
@@ -132,10 +134,13 @@ def format_model_config(model: dict[str, Any]) -> str:
     )
 
 
-def format_rollout(rollout: dict[str, str | None]) -> str:
-    if rollout["backend"] == "vllm":
-        return f"vLLM {rollout['vllm']} (the nodes run this checkout's .venv)"
-    return "torch: Hugging Face generate with a KV cache"
+def format_rollout(rollout: dict[str, str | None], nodes: dict[str, str | None]) -> str:
+    if rollout["backend"] != "vllm":
+        return "torch: Hugging Face generate with a KV cache"
+    if nodes["origin"] == "image":
+        return "vLLM from the image (each node checks it has vLLM before Ray starts)"
+    where = "the nodes run this checkout's .venv" if nodes["origin"] == "venv" else "locked for the nodes, uv.lock"
+    return f"vLLM {rollout['vllm']} ({where})"
 
 
 def format_env(env: dict[str, dict[str, str]]) -> list[str]:
@@ -158,7 +163,8 @@ def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: 
         f"rlbuild plan: {d['experiment']} @ {d['version']} ({mode})",
         f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
         f"source digest {d['runtime']['source_digest'][:16]}",
-        f"  rollout        {format_rollout(d['rollout'])}",
+        f"  nodes run      {d['nodes']['description']}",
+        f"  rollout        {format_rollout(d['rollout'], d['nodes'])}",
         f"  model          {format_model_config(d['model_config'])}",
         f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
         f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",

@@ -7,9 +7,7 @@ any job starts) and behind `rlbuild check`.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +22,9 @@ from rlbuild.core.yamlfile import load_yaml
 from rlbuild.plan.environments import check_environments
 from rlbuild.plan.identity import flatten
 from rlbuild.plan.modelcheck import check_model, source_model_config
+from rlbuild.plan.noderuntime import NodeRuntime, node_runtime, on_gpus
 from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
-from rlbuild.plan.slurm import CPU_VARIANT, check_chain
+from rlbuild.plan.slurm import check_chain
 from rlbuild.plan.spec import Experiment, RolePlan, Runtime, Topology
 
 # Strategies this runtime can execute, and the package that would provide the others.
@@ -125,41 +124,40 @@ def check_strategy(recipe: Recipe) -> list[Violation]:
     ]
 
 
-def vllm_version() -> str | None:
-    """The vLLM this runtime has (the nodes run the submitter's checkout and venv), or None; never imported here."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    try:
-        return version("vllm")
-    except PackageNotFoundError:
-        return "unknown version"
-
-
-def on_gpus(experiment: Experiment) -> bool:
-    return experiment.topology.gpu_variant.lower() != CPU_VARIANT
-
-
 def rollout_backend(experiment: Experiment, recipe: Recipe) -> str:
     """The engine the job's rollouts will use: `auto` is vLLM on GPUs, Hugging Face generate (torch) on CPU ranks."""
     backend = recipe.generator.backend
     return ("vllm" if on_gpus(experiment) else "torch") if backend == "auto" else backend
 
 
-def check_backend(experiment: Experiment, recipe: Recipe) -> list[Violation]:
-    """vLLM where the plan needs it must be in the runtime the job will use (the submitter's venv)."""
-    if rollout_backend(experiment, recipe) != "vllm" or vllm_version() is not None:
+def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) -> list[Violation]:
+    """vLLM where the plan needs it must be in the runtime the nodes will run (rlbuild/plan/noderuntime.py): this
+    .venv where jobs share it, else the lock's resolution for the nodes' platform. An image is checked by each
+    node before Ray starts."""
+    if rollout_backend(experiment, recipe) != "vllm" or nodes.vllm is not None or nodes.origin == "image":
         return []
     why = (
         "generator.backend 'auto' means vLLM on GPUs"
         if recipe.generator.backend == "auto"
         else "generator.backend is 'vllm'"
     )
+    where, fix = {
+        "venv": (
+            "the nodes run this checkout and its .venv",
+            f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes)",
+        ),
+        "lock": (
+            f"the nodes set up from uv.lock{' with extra ' + nodes.extra if nodes.extra else ''}, which installs none "
+            "on Linux x86_64" + ("" if on_gpus(experiment) else " (a CPU topology installs no GPU extra)"),
+            "use a GPU topology (its nodes get the gpu extra), or pin runtime.image to an image with vLLM",
+        ),
+    }[nodes.origin]
     return [
         Violation(
             "recipe.generator.backend",
             f"{why} (topology.gpu_variant {experiment.topology.gpu_variant}), and the runtime the job will use has "
-            "no vllm: the nodes run this checkout and its .venv",
-            f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes), or set generator.backend: torch",
+            f"no vllm: {where}",
+            f"{fix}, or set generator.backend: torch",
         )
     ]
 
@@ -225,14 +223,16 @@ def check_plain_values(experiment: Experiment) -> list[Violation]:
     return out
 
 
-def check_experiment(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:
-    """All version-independent checks; returns the composed recipe (None if invalid) and every violation."""
+def check_experiment(experiment: Experiment, *, shares_venv: bool = True) -> tuple[Recipe | None, list[Violation]]:
+    """All version-independent checks; returns the composed recipe (None if invalid) and every violation.
+    `shares_venv`: the jobs run this checkout's .venv (else what the experiment declares; noderuntime.py)."""
     violations_found = check_plain_values(experiment)
     violations_found += check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
     recipe, recipe_violations = compose_recipe(experiment)
     violations_found += recipe_violations
     if recipe is not None:
-        violations_found += check_strategy(recipe) + check_credentials(recipe) + check_backend(experiment, recipe)
+        violations_found += check_strategy(recipe) + check_credentials(recipe)
+        violations_found += check_backend(experiment, recipe, node_runtime(experiment, shares_venv=shares_venv))
         t, placement = recipe.trainer, experiment.execution.slurm
         step_time = placement.step_time_s if placement else None
         violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)

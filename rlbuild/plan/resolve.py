@@ -29,6 +29,7 @@ from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
 from rlbuild.plan import environments
 from rlbuild.plan.identity import derived_record, make_record
+from rlbuild.plan.noderuntime import NodeRuntime, node_runtime
 from rlbuild.plan.preflight import check_experiment, load_experiment
 from rlbuild.plan.roleplan import Geometry, geometry
 from rlbuild.plan.spec import Experiment, check_version
@@ -48,6 +49,7 @@ class Plan:
     recipe: Recipe
     records: dict[str, dict[str, Any]]
     launch: LaunchDocument
+    nodes: NodeRuntime  # what the job's nodes run (this .venv, uv.lock + extra, or an image)
 
     @property
     def temporary(self) -> TemporaryPaths:
@@ -133,7 +135,9 @@ def _launch_fields(
     launch_fields = {
         "name": experiment.name,
         "version": version,
-        "runtime": {**experiment.runtime.model_dump(), "source_digest": digest},
+        # No `image: null` for an experiment without one: the launch identities of versions built before the
+        # field existed stay what they were.
+        "runtime": {**experiment.runtime.model_dump(exclude_none=True), "source_digest": digest},
         "seed": experiment.seed,
         "topology": experiment.topology.model_dump(),
         "role_plan": experiment.role_plan.model_dump(),
@@ -189,6 +193,7 @@ def build_launch(
             entrypoint=experiment.runtime.entrypoint,
             strategy=experiment.runtime.strategy,
             source_digest=digest,
+            image=experiment.runtime.image,
         ),
         iris=_iris_section(experiment),
         ingress=Ingress(mode="ray_actors"),
@@ -220,9 +225,12 @@ def build_launch(
     )
 
 
-def resolve(experiment: Experiment, version: str, storage_root: str, source: str = "experiment") -> Plan:
-    """Resolve one version of an experiment; raise PreflightError with every violation found."""
-    recipe, violations = check_experiment(experiment)
+def resolve(
+    experiment: Experiment, version: str, storage_root: str, source: str = "experiment", *, shares_venv: bool = True
+) -> Plan:
+    """Resolve one version of an experiment; raise PreflightError with every violation found. `shares_venv`: the
+    jobs run this checkout's .venv (rlbuild/plan/noderuntime.py)."""
+    recipe, violations = check_experiment(experiment, shares_venv=shares_venv)
     violations = check_version(version) + violations
     if violations or recipe is None:
         raise PreflightError(source, violations)
@@ -237,6 +245,7 @@ def resolve(experiment: Experiment, version: str, storage_root: str, source: str
         recipe=recipe,
         records=records,
         launch=build_launch(experiment, version, root, recipe, records, digest),
+        nodes=node_runtime(experiment, shares_venv=shares_venv),
     )
 
 

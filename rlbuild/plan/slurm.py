@@ -21,11 +21,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from rlbuild.contracts.launch import CPU_VARIANT
 from rlbuild.contracts.metricstream import STEP_TIME
 from rlbuild.core.errors import Violation
 from rlbuild.plan.spec import Experiment, SlurmExecution, size_bytes
 
-CPU_VARIANT = "cpu"  # a topology of CPU ranks (the embedded default): whole nodes, no GPU request
 SINFO_TIMEOUT_S = 5.0
 SECTION = "execution.slurm"
 _GPUS = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")

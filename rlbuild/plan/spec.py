@@ -50,9 +50,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# An OCI reference pinned by content: `registry/name@sha256:<64 hex>` (a tag may stand before the digest).
+PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+MAX_IMAGE_LENGTH = 512
+
+
 class Runtime(_Strict):
     entrypoint: Literal["grpo", "fully_async"]
     strategy: Literal["fsdp2", "megatron"]
+    image: str | None = Field(
+        default=None,
+        max_length=MAX_IMAGE_LENGTH,
+        description="the container image cluster nodes run, pinned by digest (name@sha256:...); without one, nodes "
+        "set up from the bundle's uv.lock",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str | None) -> str | None:
+        if value is None or PINNED_IMAGE.match(value):
+            return value
+        name = value.split("@", 1)[0]
+        base = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+        raise ValueError(
+            f"{value!r} is not pinned by digest: a tag (or no tag, which means :latest) can point at another image "
+            f"tomorrow, and nodes that cached the old one keep running it. Pin it as {base}@sha256:<64 hex digits> "
+            f"(`docker buildx imagetools inspect {name}` prints the digest)"
+        )
 
 
 Source = Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_LENGTH)]

@@ -44,9 +44,13 @@ class StoredRecords:
         return self.read(kind) is not None
 
 
-def experiment_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool) -> list[Violation]:
-    """Every version-independent check; `ask_slurm`: also the partition, asked of Slurm (sinfo) where it answers."""
-    return check_experiment(experiment)[1] + _placement_problems(experiment, node_limits, ask_slurm=ask_slurm)
+def experiment_problems(
+    experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool, shares_venv: bool = True
+) -> list[Violation]:
+    """Every version-independent check; `ask_slurm`: also the partition, asked of Slurm (sinfo) where it answers;
+    `shares_venv`: the jobs run this checkout's .venv (rlbuild/plan/noderuntime.py)."""
+    problems = check_experiment(experiment, shares_venv=shares_venv)[1]
+    return problems + _placement_problems(experiment, node_limits, ask_slurm=ask_slurm)
 
 
 def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool) -> list[Violation]:
@@ -56,7 +60,13 @@ def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_
 
 
 def check_all(
-    experiment: Experiment, versions: list[str], storage_root: str, source: str, node_limits: NodeLimits
+    experiment: Experiment,
+    versions: list[str],
+    storage_root: str,
+    source: str,
+    node_limits: NodeLimits,
+    *,
+    shares_venv: bool = True,
 ) -> tuple[dict[str, Plan], list[Violation]]:
     """What `rlbuild check` runs: every check the dry run makes, the partition included; (plans, violations).
     Each version's `checked_plan` makes the experiment's own checks (resolving runs check_experiment)."""
@@ -64,7 +74,7 @@ def check_all(
     plans: dict[str, Plan] = {}
     for version in versions:
         try:
-            plans[version] = checked_plan(experiment, version, storage_root, source)
+            plans[version] = checked_plan(experiment, version, storage_root, source, shares_venv=shares_venv)
         except RlbuildError as exc:
             problems += exc.as_violations()
     return plans, problems
@@ -80,20 +90,30 @@ def measured_step_time(experiment: Experiment, plan: Plan) -> float | None:
     return slurm.measured_step_time(read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0])
 
 
-def checked_plan(experiment: Experiment, version: str, storage_root: str, source: str, *, measure: bool = True) -> Plan:
+def checked_plan(
+    experiment: Experiment,
+    version: str,
+    storage_root: str,
+    source: str,
+    *,
+    measure: bool = True,
+    shares_venv: bool = True,
+) -> Plan:
     """Resolve `version` and check it against storage; raise the first class of problems found (all of them).
 
     `measure`: also check the chain against the step time an earlier run measured (inside a job it is off: a
-    later link reads the earlier links' metrics, and the submitter has checked)."""
+    later link reads the earlier links' metrics, and the submitter has checked); `shares_venv`: the jobs run this
+    checkout's .venv (rlbuild/plan/noderuntime.py)."""
     problems = check_version(version)
     if problems:
         raise PreflightError(source, problems)
-    plan = resolve(experiment, version, storage_root, source=source)
+    plan = resolve(experiment, version, storage_root, source=source, shares_venv=shares_venv)
     stored = StoredRecords(plan)
     check_drift(version, plan.records, stored.read)
     if not stored.complete("train"):
         state = checkpoints.latest_state(plan.uri(plan.temporary.checkpoints))
-        check_training_runtime(version, plan.launch.runtime.source_digest, stored.read("launch"), state)
+        runtime = plan.launch.runtime
+        check_training_runtime(version, runtime.source_digest, stored.read("launch"), state, runtime.image)
     staged_model = artifact("stage_model").path(version)
     model_config = read_json(plan.uri(f"{staged_model}/config.json"))
     problems = check_model(model_config or {}, experiment, plan.recipe)

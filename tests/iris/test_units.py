@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -169,6 +170,15 @@ def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp
     assert f"this node runs runtime source digest {runtime.source_digest()}" in result.stderr
     assert f"was planned for {planned}" in result.stderr and "Run the job from the checkout" in result.stderr
     assert not (tmp_path / "rdv").exists(), "nothing may start (no Ray head, no rendezvous) on a mismatched node"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="this runtime has vLLM")
+def test_a_node_without_the_vllm_its_launch_needs_fails_before_starting_ray(tmp_path: Path) -> None:
+    launch = write_test_launch(tmp_path)  # CPU ranks, backend auto: torch, nothing to check
+    check_runtime(str(launch), os.environ)
+    launch.write_text(launch.read_text().replace("    backend: auto", "    backend: vllm"))
+    with pytest.raises(RuntimeMismatchError, match=r"backend 'vllm' on cpu needs vLLM, and this node has none"):
+        check_runtime(str(launch), os.environ)
 
 
 def test_a_node_without_the_experiments_env_fails_naming_the_variable(tmp_path: Path) -> None:
