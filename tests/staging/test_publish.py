@@ -8,11 +8,13 @@ the calls the stage makes (a recording stand-in for `HfApi`, the one part not re
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from huggingface_hub import ModelCard
 
 from rlbuild.contracts.artifacts import EXPORT_MODEL
@@ -25,6 +27,8 @@ from rlbuild.plan.spec import NodeLimits
 from rlbuild.plan.versioning import experiment_problems
 from rlbuild.stages import publish as stage
 from rlbuild.stages.modelcard import TAGS, build_card, gpu_hours
+from tests.conftest import EXPERIMENTS, run_snakemake
+from tests.spine.test_graph import job_counts
 
 HF_MODEL = {"source": "hf:Qwen/Qwen2.5-0.5B", "revision": "7ae557604adf67be50417f59c2c2f167def9a775"}
 MODEL_RECORD = {"fields": {"model": {**HF_MODEL, "tokenizer": HF_MODEL}}}
@@ -168,3 +172,20 @@ def test_publish_uploads_then_tags_and_records_the_revision(
     _, tag = RecordingHub.calls[3]
     assert (tag["tag"], tag["revision"]) == ("v2026.09.21", "c0ffee")
     assert json.loads(out.read_text()) == published and published["revision"] == "c0ffee"
+
+
+@pytest.mark.slow  # three dry runs of the graph
+def test_the_graph_publishes_only_where_the_experiment_says_and_refuses_without_a_token(tmp_path: Path) -> None:
+    doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    doc["execution"]["publish"] = {"repo_id": "my-org/tiny-addition"}
+    path = tmp_path / "publishing.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    env = {k: v for k, v in os.environ.items() if k != stage.TOKEN_ENV}
+    args = ["-n", "--config", f"experiment={path}", f"storage_root={tmp_path / 'results'}"]
+    refused = run_snakemake(args, cwd=tmp_path, env=env | {stage.TOKEN_ENV: ""})
+    assert refused.returncode == 2 and "execution.publish: publishing needs a Hugging Face token" in refused.stderr
+    planned = run_snakemake(args, cwd=tmp_path, env={stage.TOKEN_ENV: "hf_test"})
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert job_counts(planned.stdout + planned.stderr)["publish"] == 1
+    default = run_snakemake(["-n", "--config", f"storage_root={tmp_path / 'default'}"], cwd=tmp_path)
+    assert "publish" not in job_counts(default.stdout + default.stderr)  # off by default
