@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlbuild.contracts.launch import dump_launch
 from rlbuild.core import storage
-from rlbuild.core.errors import PreflightError, RlbuildError
+from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import ALLOW_RETRAIN, INTERRUPTED_EXIT_CODE
 from rlbuild.core.yamlfile import load_yaml
@@ -121,11 +121,21 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
     bucket, prefix = os.environ.get("RLBUILD_BUCKET"), os.environ.get("RLBUILD_PREFIX", "")
     root = args.storage_root or (f"s3://{bucket}/{prefix}".rstrip("/") if bucket else None)
-    problems = [] if url else ["no Iris controller: pass --iris-controller-url or set SNAKEMAKE_IRIS_CONTROLLER_URL"]
+    problems = (
+        []
+        if url
+        else [Violation("--iris-controller-url", "no Iris controller", "pass it, or set SNAKEMAKE_IRIS_CONTROLLER_URL")]
+    )
     if not root:
-        problems.append("no storage root: set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile iris")
-    if problems:
-        raise RlbuildError("; ".join(problems))
+        problems.append(
+            Violation(
+                "--storage-root",
+                "no storage root",
+                "pass it, or set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile iris",
+            )
+        )
+    if problems:  # bad input, exit 2 like every other
+        raise PreflightError(f"rlbuild {args.command}", problems)
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
     return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -61,3 +62,15 @@ def test_every_rule_explains_itself_and_the_lint_finds_only_the_documented_exemp
     findings = {line.strip() for line in (lint.stdout + lint.stderr).splitlines() if line.strip().startswith("* ")}
     # docs/design.md: the software of every rule is the one locked uv environment, not a per-rule conda env.
     assert findings == {"* Specify a conda environment or container for each rule.:"}
+
+
+def test_missing_settings_of_a_command_are_bad_input_exit_2_all_named_at_once() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("SNAKEMAKE_IRIS_CONTROLLER_URL", "RLBUILD_BUCKET")}
+    result = subprocess.run(
+        [sys.executable, "-m", "rlbuild", "cancel"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert (
+        "--iris-controller-url: no Iris controller" in result.stderr
+        and "--storage-root: no storage root" in result.stderr
+    )

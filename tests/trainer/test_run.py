@@ -75,6 +75,7 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     doc = _doc(launch)
     result = trainer("run", "--launch", str(launch))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "\x1b[" not in result.stdout + result.stderr  # not a terminal: no colour codes (Ray's worker lines)
     terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
     assert terminal["global_step"] == 3
     assert terminal["hf_path"] == f"{doc['artifacts']['checkpoint_root']}/global_step_3/policy"
