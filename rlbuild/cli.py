@@ -261,14 +261,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlbuild.contracts.launch import load_launch
     from rlbuild.stages.modelcard import card_for_run
 
+    record = _derived(args.launch_record, "export")
     with tempfile.TemporaryDirectory(prefix="rlbuild-card-") as tmp:
         card = Path(tmp) / "README.md"
-        card_for_run(load_launch(args.launch), args.model_record, args.data_record).save(card)
+        card_for_run(load_launch(args.launch), args.model_record, args.data_record, record["identity"]).save(card)
         code = _trainer(
             "export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out, "--card", str(card)
         )
     if code == 0:
-        _write_record(Path(args.record), _derived(args.launch_record, "export"))
+        _write_record(Path(args.record), record)
     return code
 
 

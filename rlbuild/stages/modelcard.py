@@ -72,8 +72,10 @@ def build_card(
     model_record: Mapping[str, Any],
     data_record: Mapping[str, Any],
     records: Sequence[Mapping[str, Any]],
+    identity: str = "",
 ) -> ModelCard:
-    """The export's card from the launch document, the staged model's and data's records and the run's metrics."""
+    """The export's card from the launch document, the staged model's and data's records, the run's metrics and
+    the export's identity (`<experiment>/export@<version>:<fingerprint>`)."""
     model = model_record["fields"]["model"]
     data = data_record["fields"]["data"]
     sources = [(split, d["source"], d["revision"]) for split in ("train", "validation") for d in data[split]]
@@ -94,17 +96,18 @@ def build_card(
         model_name=name,
         eval_results=_results(scores, dataset, dataset_type) or None,
     )
-    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{_body(launch, model, sources, records, name)}")
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{_body(launch, model, sources, records, name, identity)}")
 
 
-def card_for_run(launch: LaunchDocument, model_record: str, data_record: str) -> ModelCard:
-    """The card of the export of `launch`, from the stored records of its staged model and data and its metrics."""
+def card_for_run(launch: LaunchDocument, model_record: str, data_record: str, identity: str) -> ModelCard:
+    """The card of the export `identity` of `launch`, from the stored records of its staged model and data and
+    its metrics."""
     found = {path: storage.read_json(path) for path in (model_record, data_record)}
     missing = [path for path, record in found.items() if record is None]
     if missing:
         raise RlbuildError(f"{missing} missing: the staged inputs of this launch have no record; rerun staging")
     records, _ = read_run_metrics(launch.artifacts.metrics_uri, launch.artifacts.metrics_segments_root)
-    return build_card(launch, found[model_record], found[data_record], records)
+    return build_card(launch, found[model_record], found[data_record], records, identity)
 
 
 def with_eval_results(card: ModelCard, results: Mapping[str, Any]) -> ModelCard:
@@ -126,6 +129,7 @@ def _body(
     sources: Sequence[tuple[str, str, str]],
     records: Sequence[Mapping[str, Any]],
     name: str,
+    identity: str,
 ) -> str:
     trainer, generator = launch.recipe.trainer, launch.recipe.generator
     placement, allocation = trainer.placement, launch.iris.allocation
@@ -152,7 +156,8 @@ def _body(
         "",
         "## Provenance",
         "",
-        f"- identity fingerprint: `{launch.run.fingerprint}` (run `{launch.run.id}`)",
+        *([f"- identity: `{identity}`"] if identity else []),
+        f"- launch fingerprint: `{launch.run.fingerprint}` (run `{launch.run.id}`)",
         f"- runtime digest: `{launch.runtime.source_digest}`",
         f"- model: `{model['source']}` @ `{model['revision']}`; tokenizer `{tokenizer['source']}` @ "
         f"`{tokenizer['revision']}`",

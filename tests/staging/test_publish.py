@@ -56,8 +56,9 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> LaunchDocument:
 def test_the_card_names_hub_sources_in_its_metadata_and_every_source_in_its_body(
     tmp_path: Path, launch: LaunchDocument
 ) -> None:
-    build_card(launch, MODEL_RECORD, DATA_RECORD, METRICS).save(tmp_path / "README.md")
+    build_card(launch, MODEL_RECORD, DATA_RECORD, METRICS, "test/export@vdev:0123").save(tmp_path / "README.md")
     card = ModelCard.load(tmp_path / "README.md")
+    assert "identity: `test/export@vdev:0123`" in card.text
     assert card.data.base_model == "Qwen/Qwen2.5-0.5B"
     assert card.data.datasets == ["openai/gsm8k"]  # the task: source is not a Hub dataset
     assert card.data.tags == TAGS
