@@ -79,13 +79,17 @@ onerror:
 
 
 rule all:
+    """Every configured version evaluated (and published, where the experiment sets execution.publish)."""
     input:
         expand(ARTIFACT["eval"].path(), version=CONFIG.versions),
+        # The optional publish stage: only where the experiment sets execution.publish.
+        expand("publish/v{version}.json", version=CONFIG.versions if GRAPH.experiment.execution.publish else []),
     default_target: True
 
 
 rule identity_marker:
-    # A new fingerprint of a `dev` artifact is a new, missing input: Make semantics rebuild what changed.
+    """Mark a `dev` artifact's fingerprint as built: a new fingerprint is a new, missing input, so Make semantics
+    rebuild what changed."""
     output:
         ".fingerprints/{kind}/v{version}/{fingerprint}",
     log:
@@ -99,3 +103,4 @@ include: "rules/launch.smk"
 include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/eval.smk"
+include: "rules/publish.smk"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlbuild.contracts.launch import dump_launch
 from rlbuild.core import storage
-from rlbuild.core.errors import PreflightError, RlbuildError
+from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import ALLOW_RETRAIN, INTERRUPTED_EXIT_CODE
 from rlbuild.core.yamlfile import load_yaml
@@ -26,6 +26,15 @@ from rlbuild.plan.resolve import Plan, resolve_file
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlbuild")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "unknown"
 
 
 def _storage_root(root: str) -> str:
@@ -115,11 +124,21 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
     bucket, prefix = os.environ.get("RLBUILD_BUCKET"), os.environ.get("RLBUILD_PREFIX", "")
     root = args.storage_root or (f"s3://{bucket}/{prefix}".rstrip("/") if bucket else None)
-    problems = [] if url else ["no Iris controller: pass --iris-controller-url or set SNAKEMAKE_IRIS_CONTROLLER_URL"]
+    problems = (
+        []
+        if url
+        else [Violation("--iris-controller-url", "no Iris controller", "pass it, or set SNAKEMAKE_IRIS_CONTROLLER_URL")]
+    )
     if not root:
-        problems.append("no storage root: set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile iris")
-    if problems:
-        raise RlbuildError("; ".join(problems))
+        problems.append(
+            Violation(
+                "--storage-root",
+                "no storage root",
+                "pass it, or set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile iris",
+            )
+        )
+    if problems:  # bad input, exit 2 like every other
+        raise PreflightError(f"rlbuild {args.command}", problems)
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
     return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name)
@@ -240,9 +259,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    code = _trainer("export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out)
+    import tempfile
+
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.stages.modelcard import card_for_run
+
+    record = _derived(args.launch_record, "export")
+    with tempfile.TemporaryDirectory(prefix="rlbuild-card-") as tmp:
+        card = Path(tmp) / "README.md"
+        card_for_run(load_launch(args.launch), args.model_record, args.data_record, record["identity"]).save(card)
+        code = _trainer(
+            "export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out, "--card", str(card)
+        )
     if code == 0:
-        _write_record(Path(args.record), _derived(args.launch_record, "export"))
+        _write_record(Path(args.record), record)
     return code
 
 
@@ -255,6 +285,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
     validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
     run_eval(Path(args.model), validation, launch, out, k=args.k)
     _write_record(Path(args.record), _derived(args.launch_record, "eval"))
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from rlbuild.stages.publish import PublishError, run_publish
+
+    experiment = load_experiment(Path(args.experiment))
+    settings = experiment.execution.publish
+    if settings is None:
+        raise PublishError(f"{args.experiment} sets no execution.publish: add {{repo_id: <owner>/<name>}} to publish")
+    published = run_publish(
+        Path(args.model),
+        Path(args.results),
+        Path(args.out),
+        {"repo_id": settings.repo_id, "private": settings.private, "tag": settings.tag(args.version)},
+        os.environ,
+        args.version,
+    )
+    print(f"rlbuild: published {published['repo_id']} at {published['revision']} (tag {published['tag']})")
     return 0
 
 
@@ -305,9 +354,19 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
 
 
+PEOPLE_VERBS = "{check,status,submit,cancel}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlbuild", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="rlbuild",
+        description=__doc__,
+        epilog="Exit codes: 0 done, 2 bad input (the error names the field and the fix), 1 a runtime failure, "
+        "130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"rlbuild {_package_version()}")
+    # The rules' own subcommands (stage-model, train, export, ...) work as before but are not listed here.
+    sub = parser.add_subparsers(dest="command", required=True, metavar=PEOPLE_VERBS)
 
     check = sub.add_parser("check", help="run every preflight check; print the plan or all errors (exit 0 / 2)")
     check.add_argument(
@@ -337,7 +396,7 @@ def _stage_commands(sub: argparse._SubParsersAction) -> None:
         ("stage-model", cmd_stage_model, "stage model + tokenizer with a manifest"),
         ("stage-data", cmd_stage_data, "stage train/validation data with a manifest"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, description=help_text)
         _experiment_args(p)
         p.add_argument("--out", required=True)
         p.add_argument("--record", required=True, help="where the identity record goes (written last)")
@@ -345,7 +404,7 @@ def _stage_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--base-model", help="folder made by the base_model rule, for artifact:base_model")
         p.set_defaults(func=func)
 
-    launch = sub.add_parser("resolve-launch", help="write the resolved launch.yaml and its identity record")
+    launch = sub.add_parser("resolve-launch", description="write the resolved launch.yaml and its identity record")
     _experiment_args(launch)
     launch.add_argument("--out", required=True)
     launch.add_argument("--record", required=True)
@@ -354,7 +413,7 @@ def _stage_commands(sub: argparse._SubParsersAction) -> None:
     launch.add_argument("--data", help="the staged data folder: its train prompts must fit max_prompt_length")
     launch.set_defaults(func=cmd_resolve_launch)
 
-    train = sub.add_parser("train", help="run the trainer, then write the train identity record")
+    train = sub.add_parser("train", description="run the trainer, then write the train identity record")
     train.add_argument("--launch", required=True)
     train.add_argument("--launch-record", required=True)
     train.add_argument("--terminal", required=True)
@@ -366,15 +425,22 @@ def _stage_commands(sub: argparse._SubParsersAction) -> None:
     )
     train.set_defaults(func=cmd_train)
 
-    export = sub.add_parser("export", help="export the terminal checkpoint as a Hugging Face folder")
+    _delivery_commands(sub)
+
+
+def _delivery_commands(sub: argparse._SubParsersAction) -> None:
+    """The subcommands of the stages after training: export, eval, publish."""
+    export = sub.add_parser("export", description="export the terminal checkpoint as a Hugging Face folder")
     export.add_argument("--launch", required=True)
     export.add_argument("--launch-record", required=True)
     export.add_argument("--terminal", required=True)
+    export.add_argument("--model-record", required=True, help="the staged model's record (sources for the card)")
+    export.add_argument("--data-record", required=True, help="the staged data's record (sources for the card)")
     export.add_argument("--out", required=True)
     export.add_argument("--record", required=True)
     export.set_defaults(func=cmd_export)
 
-    evaluate = sub.add_parser("eval", help="score the export on the validation set; write results and plots")
+    evaluate = sub.add_parser("eval", description="score the export on the validation set; write results and plots")
     evaluate.add_argument("--launch", required=True)
     evaluate.add_argument("--launch-record", required=True)
     evaluate.add_argument("--model", required=True)
@@ -383,6 +449,14 @@ def _stage_commands(sub: argparse._SubParsersAction) -> None:
     evaluate.add_argument("--record", required=True)
     evaluate.add_argument("--k", type=int, default=4, help="samples per prompt for pass@k")
     evaluate.set_defaults(func=cmd_eval)
+
+    publish = sub.add_parser("publish", description="upload the export to the Hugging Face Hub and tag the version")
+    publish.add_argument("--experiment", required=True, help="path to config/experiments/<name>.yaml")
+    publish.add_argument("--version", required=True, help="YYYY.MM.DD[.N] or dev")
+    publish.add_argument("--model", required=True, help="the export folder")
+    publish.add_argument("--results", required=True, help="the eval stage's results.json (the card's model-index)")
+    publish.add_argument("--out", required=True, help="where the published repo, tag and revision are recorded")
+    publish.set_defaults(func=cmd_publish)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -401,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             f"rlbuild: {exc}; its partial output is not a finished artifact (no record), a rerun builds it",
             file=sys.stderr,
         )
+        return INTERRUPTED_EXIT_CODE
+    except KeyboardInterrupt:  # Ctrl-C on a person's command (status --watch): no traceback
+        print(file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     except PreflightError as exc:
         print(redact_text(str(exc)), file=sys.stderr)

@@ -1,4 +1,6 @@
 rule eval:
+    """Score export/v{version}/model/ on the staged validation set (greedy accuracy, pass@k); write results.json,
+    the report's table and the training curves."""
     input:
         GRAPH.marker("eval"),
         launch=ARTIFACT["launch"].path(),

@@ -1,10 +1,13 @@
 rule export:
-    # The terminal checkpoint as a Hugging Face folder; re-exporting never retrains.
+    """The terminal checkpoint as a publishable Hugging Face model in export/v{version}/model/ (weights, config,
+    tokenizer, generation_config.json, model card); re-exporting never retrains."""
     input:
         GRAPH.marker("export"),
         launch=ARTIFACT["launch"].path(),
         record=ARTIFACT["launch"].record(),
         terminal=ARTIFACT["train"].path(),
+        model_record=ARTIFACT["stage_model"].record(),
+        data_record=ARTIFACT["stage_data"].record(),
     output:
         artifact=directory(ARTIFACT["export"].path()),
         record=ARTIFACT["export"].record(),
@@ -16,4 +19,5 @@ rule export:
         rlbuild=lambda wildcards: RLBUILD,
     shell:
         "{params.rlbuild:q} export --launch {input.launch:q} --launch-record {input.record:q} "
-        "--terminal {input.terminal:q} --out {output.artifact:q} --record {output.record:q} 2> {log:q}"
+        "--terminal {input.terminal:q} --model-record {input.model_record:q} --data-record {input.data_record:q} "
+        "--out {output.artifact:q} --record {output.record:q} 2> {log:q}"

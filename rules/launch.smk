@@ -1,5 +1,6 @@
 rule resolve_launch:
-    # The one document every later stage reads. Every preflight check has already passed to get here.
+    """Resolve the version into launch/v{version}/launch.yaml, the one document every later stage reads (every
+    preflight check has passed to get here), with the plan a reviewer reads."""
     input:
         GRAPH.marker("launch"),
         model=ARTIFACT["stage_model"].path(),

@@ -1,5 +1,5 @@
 rule base_model:
-    # The embedded default's tiny Qwen2-style model, built in code and warm-started on the answer format.
+    """Build the embedded default's tiny Qwen2-style model in code, warm-started on the answer format."""
     input:
         GRAPH.marker("base_model"),
     output:
@@ -16,6 +16,7 @@ rule base_model:
 
 
 rule stage_model:
+    """Stage the model and tokenizer sources (hf:, local:, artifact:) into a folder with a manifest."""
     input:
         unpack(GRAPH.stage_model_inputs),
     output:
@@ -35,6 +36,7 @@ rule stage_model:
 
 
 rule stage_data:
+    """Stage the train and validation data sources (hf:, local:, task:) as JSONL rows with a manifest."""
     input:
         GRAPH.marker("stage_data"),
     output:

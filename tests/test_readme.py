@@ -23,6 +23,8 @@ RUN_HERE = {
     "snakemake -n": "terminal stage eval",
     "snakemake --unlock": "Unlocked working directory",
     "rlbuild check": "rlbuild plan: tiny-addition @ 2026.09.21 (immutable)",
+    "rlbuild --version": "rlbuild 0.",
+    "rlbuild --help": "{check,status,submit,cancel}",
     "rlbuild check config/experiments/tiny-addition.yaml --version 2026.09.21": "rlbuild plan: tiny-addition",
     "rlbuild check config/experiments/tiny-addition.yaml --json": '"ok": true',
     "snakemake --profile iris -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",

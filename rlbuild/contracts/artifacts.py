@@ -14,6 +14,9 @@ METRICS_NAME = (
     "metrics.jsonl"  # the train artifact's merged metrics, beside terminal.json (rlbuild/contracts/metricstream.py)
 )
 MUTABLE_VERSION = "dev"
+# The export's model (weights, config, tokenizer, generation config, card) sits in this folder of the export's
+# version folder; its manifest and Snakemake's marker sit beside it, so the model folder is exactly the model.
+EXPORT_MODEL = "model"
 
 
 @dataclass(frozen=True)

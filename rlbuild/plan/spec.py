@@ -239,6 +239,43 @@ class JobSize(_Strict):
         return max(1, size_bytes(self.memory) // 10**6)
 
 
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+HUB_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Publish(_Strict):
+    """The optional publish stage: the export uploaded to a Hugging Face Hub model repo, tagged per version.
+    Placement: never part of an artifact's identity. The token comes from HF_TOKEN in the environment only."""
+
+    repo_id: str = Field(description="the Hub model repo, `<owner>/<name>`")
+    private: bool = Field(True, description="create the repo private (an existing repo keeps its visibility)")
+    revision_tag: str = Field("v{version}", max_length=128, description="the tag per version; `{version}` in it")
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        if not HUB_REPO_ID.match(value) or ".." in value or value.endswith((".git", ".")):
+            raise ValueError(
+                f"{value!r} is not a Hub repo id; write `<owner>/<name>` (letters, digits, `.`, `_`, `-`), "
+                "e.g. my-org/tiny-addition-grpo"
+            )
+        return value
+
+    @field_validator("revision_tag")
+    @classmethod
+    def _tag(cls, value: str) -> str:
+        example = value.replace("{version}", "2026.09.21")
+        if "{version}" not in value or not HUB_TAG.match(example):
+            raise ValueError(
+                f"{value!r}: the tag must contain {{version}} (one tag per version) and otherwise only letters, "
+                "digits, `.`, `_`, `-`; e.g. v{version}"
+            )
+        return value
+
+    def tag(self, version: str) -> str:
+        return self.revision_tag.replace("{version}", version)
+
+
 MAX_ENV_VARIABLES = 256
 MAX_ENV_VALUE = 4096
 
@@ -248,6 +285,7 @@ class Execution(_Strict):
     slurm: SlurmExecution | None = None
     export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
     eval: JobSize = Field(default_factory=JobSize, description="the eval job's CPUs and memory")
+    publish: Publish | None = Field(None, description="upload each version's export to the Hub (off when absent)")
     env: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_ENV_VARIABLES,

@@ -12,6 +12,7 @@ measured by an earlier run of the version would not fit.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,11 @@ def experiment_problems(
 def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool) -> list[Violation]:
     """The checks of where jobs run that resolving a version does not make: node sizes, the Slurm partition."""
     problems = check_node_sizes(experiment, node_limits)
+    if experiment.execution.publish:
+        from rlbuild.stages.publish import token_problem  # huggingface_hub only where publishing is on
+
+        if missing := token_problem(os.environ):
+            problems.append(missing)
     return problems + slurm.partition_problems(experiment) if ask_slurm else problems
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlbuild.contracts.artifacts import EXPORT_MODEL
 from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.manifest import verify_local
 from rlbuild.contracts.metricstream import ZERO_REWARD_STEPS, read_run_metrics
@@ -235,7 +236,8 @@ def score_with_trainer(
 def run_eval(
     model_dir: Path, validation_files: Sequence[Path], launch: LaunchDocument, out_dir: Path, *, k: int = 4
 ) -> dict[str, Any]:
-    """Score `model_dir` on the validation rows; write results.json, results.html and curves.png.
+    """Score the export `model_dir` (its `model/`) on the validation rows; write results.json, results.html and
+    curves.png.
 
     The training curves come from the run's metrics (the launch document's artifacts.metrics_uri); when there
     are none, the plot says so. Returns the results document.
@@ -245,7 +247,7 @@ def run_eval(
         raise EvalError(f"k={k}: pass@k needs k >= 2 sampled answers per prompt; pass --k 2 or more")
     rows = read_rows(validation_files)
     verify_local(Path(model_dir))  # the export's manifest: a changed file is corruption, never a score
-    scored = score_with_trainer(Path(model_dir), validation_files, launch, k)
+    scored = score_with_trainer(Path(model_dir) / EXPORT_MODEL, validation_files, launch, k)
     seed = launch.run.seed
     artifacts = launch.artifacts
     records, unreadable = read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)

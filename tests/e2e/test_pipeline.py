@@ -102,9 +102,50 @@ def test_every_artifact_kind_is_complete_with_its_identity_record(pipeline: Pipe
     assert (root / "eval" / f"v{VERSION}" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    export = root / "export" / f"v{VERSION}"
+    export = root / "export" / f"v{VERSION}" / "model"
     AutoModelForCausalLM.from_pretrained(export, local_files_only=True)
     AutoTokenizer.from_pretrained(export, local_files_only=True)
+
+
+def test_the_export_is_a_publishable_model_with_its_card(pipeline: Pipeline) -> None:
+    from huggingface_hub import ModelCard
+
+    root = pipeline.root
+    export = root / "export" / f"v{VERSION}"
+    # The model folder is exactly the model; the manifest and Snakemake's marker sit beside it.
+    assert sorted(p.name for p in export.iterdir()) == [".snakemake_timestamp", "manifest.json", "model"]
+    model = export / "model"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md"} <= {
+        p.name for p in model.iterdir()
+    }
+    assert not [p.name for p in model.iterdir() if p.name.startswith(".") or p.name == "manifest.json"]
+    launch = yaml.safe_load((root / "launch" / f"v{VERSION}" / "launch.yaml").read_text())
+    sampling = launch["recipe"]["generator"]["sampling_params"]
+    generation = json.loads((model / "generation_config.json").read_text())
+    assert generation["temperature"] == sampling["temperature"] and generation["top_p"] == sampling["top_p"]
+    assert generation["max_new_tokens"] == sampling["max_generate_length"] and generation["do_sample"] is True
+
+    card = ModelCard.load(model / "README.md")
+    data = card.data
+    # The default's base model and data are built in code (artifact:, task:): not Hub repos, so the metadata
+    # names none and the body names them with their revisions.
+    experiment = yaml.safe_load(pipeline.experiment.read_text())
+    assert data.base_model is None and data.datasets is None
+    assert f"`{experiment['model']['source']}` @ `{experiment['model']['revision']}`" in card.text
+    for split in ("train", "validation"):
+        source = experiment["data"][split][0]
+        assert f"{split} data: `{source['source']}` @ `{source['revision']}`" in card.text
+    assert data.tags == ["rlbuild", "grpo", "reinforcement-learning"]
+    assert launch["run"]["fingerprint"] in card.text and launch["runtime"]["source_digest"] in card.text
+    record = json.loads((root / "export" / f"v{VERSION}.identity.json").read_text())
+    assert f"identity: `{record['identity']}`" in card.text
+    assert "steps: 4 of 4" in card.text and "AutoModelForCausalLM.from_pretrained" in card.text
+    (result,) = data.eval_results
+    metrics = [json.loads(line) for line in (root / "train" / f"v{VERSION}" / "metrics.jsonl").read_text().splitlines()]
+    assert result.metric_type == "accuracy" and result.metric_value == metrics[-1]["eval/accuracy"]
+    # The trainer's held-out score at the terminal step is the eval stage's greedy accuracy: the same scorer.
+    results = json.loads((root / "eval" / f"v{VERSION}" / "results.json").read_text())
+    assert result.metric_value == results["accuracy"]
 
 
 def test_report_lands_where_it_was_typed_with_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
@@ -298,7 +339,8 @@ def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> No
     assert f"{prefix}/train/v{VERSION}/metrics.jsonl" in keys
     assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/metrics/attempt-000001/") for k in keys)
     assert f"{prefix}/eval/v{VERSION}/results.json" in keys
-    assert f"{prefix}/export/v{VERSION}/model.safetensors" in keys
+    assert f"{prefix}/export/v{VERSION}/model/model.safetensors" in keys
+    assert f"{prefix}/export/v{VERSION}/model/README.md" in keys
     assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/checkpoints/global_step_2/") for k in keys)
     assert ran(pipe.run("--forcerun", "eval")) == {"eval": 1, "all": 1}
 

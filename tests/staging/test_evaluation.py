@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rlbuild.contracts.artifacts import EXPORT_MODEL
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import ManifestError, ManifestMismatchError, write_manifest
 from rlbuild.contracts.metricstream import MetricsStream, read_run_metrics
@@ -38,8 +39,9 @@ def _validation(staged: Path, n: int = 5) -> Path:
 
 
 def _export(tmp_path: Path) -> Path:
-    """An export folder as the export rule writes it: an HF model folder with its manifest."""
-    export = Path(shutil.copytree(base_model_dir(0), tmp_path / "export"))
+    """An export folder as the export rule writes it: an HF model folder (`model/`) with its manifest beside it."""
+    export = tmp_path / "export"
+    shutil.copytree(base_model_dir(0), export / EXPORT_MODEL)
     write_manifest(export)
     return export
 
@@ -74,12 +76,12 @@ def test_run_eval_writes_results_table_and_png(tmp_path: Path, launch: LaunchDoc
 
 def test_a_flipped_bit_in_the_export_is_corruption_never_a_score(tmp_path: Path, launch: LaunchDocument) -> None:
     export = _export(tmp_path)
-    weights = export / "model.safetensors"
+    weights = export / EXPORT_MODEL / "model.safetensors"
     payload = bytearray(weights.read_bytes())
     payload[-1] ^= 0x80
     weights.write_bytes(bytes(payload))
     validation = [Path(entry.uri) for entry in launch.inputs.validation_data]
-    with pytest.raises(ManifestMismatchError, match=r"model\.safetensors: sha256") as error:
+    with pytest.raises(ManifestMismatchError, match=r"model/model\.safetensors: sha256") as error:
         run_eval(export, validation, launch, tmp_path / "eval", k=2)
     assert len(error.value.problems) == 1
     assert not (tmp_path / "eval" / "results.json").exists()

@@ -21,7 +21,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from rlbuild.contracts.layout import Layout, PackingError, pack
 from rlbuild.plan.roleplan import check_role_plan, shape_of_plan
 from rlbuild.plan.spec import RolePlan, Runtime, Topology
-from trainer.workers.placement import Reservation, reserve
+from trainer.workers.placement import Reservation, plain_worker_logs, reserve
 
 pytestmark = pytest.mark.timeout(300)
 GPUS = 8
@@ -186,3 +186,14 @@ def test_a_layout_preflight_accepts_is_placed_and_one_it_refuses_for_packing_is_
                 pack(shape)
     print(f"{len(plans)} plans: {accepted} accepted, {refused_for_packing} refused for packing")
     assert accepted >= 5 and refused_for_packing >= 1, (accepted, refused_for_packing)
+
+
+def test_worker_lines_are_plain_text_in_a_log_file_and_coloured_in_a_terminal() -> None:
+    environ: dict[str, str] = {}
+    plain_worker_logs(environ, tty=True)
+    assert environ == {}  # a terminal: Ray's colours
+    plain_worker_logs(environ, tty=False)
+    assert environ == {"RAY_COLOR_PREFIX": "0"}
+    chosen = {"RAY_COLOR_PREFIX": "1"}
+    plain_worker_logs(chosen, tty=False)
+    assert chosen == {"RAY_COLOR_PREFIX": "1"}  # a person's explicit choice stays

@@ -75,6 +75,7 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     doc = _doc(launch)
     result = trainer("run", "--launch", str(launch))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "\x1b[" not in result.stdout + result.stderr  # not a terminal: no colour codes (Ray's worker lines)
     terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
     assert terminal["global_step"] == 3
     assert terminal["hf_path"] == f"{doc['artifacts']['checkpoint_root']}/global_step_3/policy"
@@ -98,13 +99,17 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
         "export", "--launch", str(launch), "--terminal", doc["artifacts"]["terminal_manifest_uri"], "--out", str(out)
     )
     assert exported.returncode == 0, exported.stderr[-3000:]
-    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(out / "model", local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out / "model", local_files_only=True)
     assert model.config.vocab_size == len(tokenizer)
-    assert (out / "model.safetensors").exists()
-    assert set(json.loads((out / "manifest.json").read_text())["files"]) == {p.name for p in out.iterdir()} - {
-        "manifest.json"
-    }
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model"]  # the manifest beside the model
+    files = {f"model/{p.name}" for p in (out / "model").iterdir()}
+    assert set(json.loads((out / "manifest.json").read_text())["files"]) == files
+    assert "model/model.safetensors" in files and "model/README.md" not in files  # no --card: no card
+    sampling = json.loads((out / "model" / "generation_config.json").read_text())
+    recipe = doc["recipe"]["generator"]["sampling_params"]
+    assert sampling["temperature"] == recipe["temperature"]
+    assert sampling["max_new_tokens"] == recipe["max_generate_length"]
 
     # One flipped bit in the terminal checkpoint's weights: export refuses, naming the file; nothing is written.
     weights = checkpoints / "global_step_3" / "policy" / "model.safetensors"
@@ -126,7 +131,7 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
 
     results = tmp_path / "eval" / "results.json"
     data = doc["inputs"]["validation_data"][0]["uri"]
-    evaluated = trainer("eval", "--model", str(out), "--data", data, "--out", str(results), "--k", "4")
+    evaluated = trainer("eval", "--model", str(out / "model"), "--data", data, "--out", str(results), "--k", "4")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scores = json.loads(results.read_text())
     assert scores["n"] == 20  # the validation pairs
@@ -202,7 +207,7 @@ def test_fsdp2_on_two_ranks_shards_checkpoints_resumes_after_a_kill_and_exports(
     terminal = doc["artifacts"]["terminal_manifest_uri"]
     exported = trainer("export", "--launch", str(launch), "--terminal", terminal, "--out", str(out))
     assert exported.returncode == 0, exported.stderr[-3000:]
-    assert AutoModelForCausalLM.from_pretrained(out, local_files_only=True).config.vocab_size > 0
+    assert AutoModelForCausalLM.from_pretrained(out / "model", local_files_only=True).config.vocab_size > 0
 
 
 @pytest.mark.slow

@@ -18,7 +18,9 @@ its Ray workers in the engine's own bundles (VLLM_RAY_BUNDLE_INDICES), while the
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +51,16 @@ class PlacementError(TrainerError):
     """The cluster cannot hold the role plan."""
 
 
+def plain_worker_logs(environ: MutableMapping[str, str], tty: bool) -> None:
+    """Ray colours the lines it forwards from the workers; in a log file (not a terminal) those are escape codes,
+    so off there (RAY_COLOR_PREFIX=0, read by Ray per line) unless the environment already says otherwise."""
+    if not tty:
+        environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
 def connect(address: str | None, num_bundles: int) -> bool:
     """Join `address` (or RAY_ADDRESS); else start a local Ray. Returns True when this process started it."""
+    plain_worker_logs(os.environ, sys.stdout.isatty() and sys.stderr.isatty())
     env = {
         "env_vars": {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),

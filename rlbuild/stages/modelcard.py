@@ -1,0 +1,179 @@
+"""The export's model card: README.md in the Hub's convention.
+
+The card is built with huggingface_hub's `ModelCard`/`ModelCardData`, so `ModelCard.load` reads it back and the
+Hub renders it: YAML metadata (`base_model` and `datasets` where the sources are Hub repos, the tags, and a
+`model-index` of held-out results) and a body with the provenance: the role plan, steps, GPU-hours, the identity,
+the runtime digest and every source with its revision.
+
+At export time the results are the trainer's own held-out greedy accuracy at the terminal step (the last
+`eval/accuracy` of the run's metrics, scored by the same function as the eval stage); the publish stage writes
+the eval stage's results (greedy accuracy and pass@k) into the card it uploads (`with_eval_results`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.metricstream import read_run_metrics
+from rlbuild.contracts.sources import SourceError, parse_source
+from rlbuild.core import storage
+from rlbuild.core.errors import RlbuildError
+
+CARD = "README.md"
+TAGS = ["rlbuild", "grpo", "reinforcement-learning"]
+TASK = "text-generation"
+
+
+def hub_repo(source: str, revision: str) -> str | None:
+    """The Hub repo id of an `hf:` source; None for sources that are not on the Hub (task:, local:, artifact:)."""
+    try:
+        parsed = parse_source(source, revision)
+    except SourceError:
+        return None
+    return parsed.hf_repo_id if parsed.scheme == "hf" else None
+
+
+def last_eval(records: Sequence[Mapping[str, Any]]) -> tuple[int, float] | None:
+    """(step, held-out accuracy) of the run's last eval step, or None when it never evaluated."""
+    found = [(int(r["step"]), float(r["eval/accuracy"])) for r in records if "eval/accuracy" in r]
+    return found[-1] if found else None
+
+
+def gpu_hours(launch: LaunchDocument, records: Sequence[Mapping[str, Any]]) -> float | None:
+    """Steps' wall time times the gang's GPUs; None on CPU ranks or without step times."""
+    allocation = launch.iris.allocation
+    seconds = sum(float(r["perf/step_time_s"]) for r in records if "perf/step_time_s" in r)
+    if allocation.gpu_variant == "cpu" or not seconds:
+        return None
+    return seconds * allocation.num_nodes * allocation.gpus_per_node / 3600
+
+
+def _results(scores: Mapping[str, float], dataset: str, dataset_type: str) -> list[EvalResult]:
+    return [
+        EvalResult(
+            task_type=TASK,
+            dataset_type=dataset_type,
+            dataset_name=dataset,
+            dataset_split="validation",
+            metric_type=metric,
+            metric_name=name,
+            metric_value=value,
+        )
+        for (metric, name), value in scores.items()
+    ]
+
+
+def build_card(
+    launch: LaunchDocument,
+    model_record: Mapping[str, Any],
+    data_record: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    identity: str = "",
+) -> ModelCard:
+    """The export's card from the launch document, the staged model's and data's records, the run's metrics and
+    the export's identity (`<experiment>/export@<version>:<fingerprint>`)."""
+    model = model_record["fields"]["model"]
+    data = data_record["fields"]["data"]
+    sources = [(split, d["source"], d["revision"]) for split in ("train", "validation") for d in data[split]]
+    datasets = sorted({repo for _, s, r in sources if (repo := hub_repo(s, r))})
+    validation = [(s, r) for split, s, r in sources if split == "validation"]
+    evaluated = last_eval(records)
+    name = f"{launch.run.name}-v{launch.run.version}"
+    scores = {("accuracy", f"held-out greedy accuracy (step {evaluated[0]})"): evaluated[1]} if evaluated else {}
+    # The model-index's dataset: the validation sources (a Hub repo id where they are one).
+    dataset = ", ".join(source for source, _ in validation) or "none"
+    dataset_type = next((repo for s, r in validation if (repo := hub_repo(s, r))), dataset)
+    metadata = ModelCardData(
+        base_model=hub_repo(model["source"], model["revision"]),
+        datasets=datasets or None,
+        tags=TAGS,
+        library_name="transformers",
+        pipeline_tag=TASK,
+        model_name=name,
+        eval_results=_results(scores, dataset, dataset_type) or None,
+    )
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n{_body(launch, model, sources, records, name, identity)}")
+
+
+def card_for_run(launch: LaunchDocument, model_record: str, data_record: str, identity: str) -> ModelCard:
+    """The card of the export `identity` of `launch`, from the stored records of its staged model and data and
+    its metrics."""
+    found = {path: storage.read_json(path) for path in (model_record, data_record)}
+    missing = [path for path, record in found.items() if record is None]
+    if missing:
+        raise RlbuildError(f"{missing} missing: the staged inputs of this launch have no record; rerun staging")
+    records, _ = read_run_metrics(launch.artifacts.metrics_uri, launch.artifacts.metrics_segments_root)
+    return build_card(launch, found[model_record], found[data_record], records, identity)
+
+
+def with_eval_results(card: ModelCard, results: Mapping[str, Any]) -> ModelCard:
+    """The card with the eval stage's scores (greedy accuracy, pass@k) as its model-index, on the dataset the
+    export's card names."""
+    scores = {
+        ("accuracy", "held-out greedy accuracy (eval stage)"): float(results["accuracy"]),
+        ("pass@k", f"pass@{results['k']} (eval stage)"): float(results["pass_at_k"]),
+    }
+    known = card.data.eval_results or []
+    dataset = known[0].dataset_name if known else ", ".join(results.get("validation_files", [])) or "validation"
+    card.data.eval_results = _results(scores, dataset, known[0].dataset_type if known else dataset)
+    return ModelCard(f"---\n{card.data.to_yaml()}\n---\n{card.text}")
+
+
+def _body(
+    launch: LaunchDocument,
+    model: Mapping[str, Any],
+    sources: Sequence[tuple[str, str, str]],
+    records: Sequence[Mapping[str, Any]],
+    name: str,
+    identity: str,
+) -> str:
+    trainer, generator = launch.recipe.trainer, launch.recipe.generator
+    placement, allocation = trainer.placement, launch.iris.allocation
+    steps = max((int(r["step"]) for r in records), default=trainer.max_steps)
+    hours = gpu_hours(launch, records)
+    evaluated = last_eval(records)
+    tokenizer = model["tokenizer"]
+    lines = [
+        f"# {name}",
+        "",
+        f"A policy trained with GRPO by rlbuild from `{model['source']}` (revision `{model['revision']}`).",
+        "",
+        "## How it was trained",
+        "",
+        f"- entrypoint `{launch.runtime.entrypoint}`, strategy `{launch.runtime.strategy}`, seed {launch.run.seed}",
+        f"- steps: {steps} of {trainer.max_steps}; {trainer.train_batch_size} prompts x "
+        f"{generator.n_samples_per_prompt} samples a step, lr {trainer.policy.optimizer_config.lr}",
+        f"- role plan: policy {placement.policy_num_nodes} node(s) x {placement.policy_num_gpus_per_node} GPU(s), "
+        f"reference {placement.ref_num_nodes} node(s), {generator.num_inference_engines} engine(s) of TP "
+        f"{generator.inference_engine_tensor_parallel_size}, colocate_all {placement.colocate_all}",
+        f"- hardware: {allocation.num_nodes} node(s) x {allocation.gpus_per_node} {allocation.gpu_variant}",
+        f"- GPU-hours: {f'{hours:.3f}' if hours is not None else 'not measured (CPU ranks or no step times)'}",
+        f"- held-out greedy accuracy at step {evaluated[0]}: {evaluated[1]:.3f}" if evaluated else "- no eval step",
+        "",
+        "## Provenance",
+        "",
+        *([f"- identity: `{identity}`"] if identity else []),
+        f"- launch fingerprint: `{launch.run.fingerprint}` (run `{launch.run.id}`)",
+        f"- runtime digest: `{launch.runtime.source_digest}`",
+        f"- model: `{model['source']}` @ `{model['revision']}`; tokenizer `{tokenizer['source']}` @ "
+        f"`{tokenizer['revision']}`",
+        *(f"- {split} data: `{source}` @ `{revision}`" for split, source, revision in sources),
+        "",
+        "## Quick start",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        'path = "."  # this folder, or the Hub repo it was published to',
+        "tokenizer = AutoTokenizer.from_pretrained(path)",
+        "model = AutoModelForCausalLM.from_pretrained(path)",
+        'inputs = tokenizer("<a prompt as in the training data>", return_tensors="pt")',
+        "print(tokenizer.decode(model.generate(**inputs)[0]))  # sampling settings: generation_config.json",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,76 @@
+"""The command line's conventions: --version, what the help lists, Ctrl-C, exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from tests.conftest import REPO, run_snakemake
+
+
+def rlbuild(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlbuild", *args], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_version_prints_the_package_version() -> None:
+    result = rlbuild("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"rlbuild {version('rlbuild')}")
+    # `--version` of a subcommand is still the experiment's version.
+    assert "YYYY.MM.DD" in rlbuild("check", "--help").stdout
+
+
+def test_help_lists_the_commands_people_run_and_not_the_rules_subcommands() -> None:
+    text = rlbuild("--help").stdout
+    assert "{check,status,submit,cancel}" in text and "Exit codes: 0 done, 2 bad input" in text
+    listed = text.split("positional arguments:")[1].split("options:")[0]
+    commands = [line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line[4] != " "]
+    assert commands == ["check", "status", "submit", "cancel"]
+    assert rlbuild("export", "--help").returncode == 0  # still callable by the rules
+
+
+def test_ctrl_c_on_status_watch_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlbuild", "status", "--storage-root", str(tmp_path), "--watch", "30"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()  # the first refresh has been printed: it sleeps until the next
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert first and process.returncode == 130
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+
+
+def test_every_rule_explains_itself_and_the_lint_finds_only_the_documented_exemption(tmp_path: Path) -> None:
+    config = ["--config", f"storage_root={tmp_path / 'results'}"]
+    listed = run_snakemake(["--list-rules", *config], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    rules = [line for line in listed.stdout.splitlines() if line and not line.startswith(" ")]
+    assert len(rules) == 10 and all(" (" in line for line in rules), rules  # `name (docstring)` for every rule
+    lint = run_snakemake(["--lint", *config], cwd=tmp_path)
+    findings = {line.strip() for line in (lint.stdout + lint.stderr).splitlines() if line.strip().startswith("* ")}
+    # docs/design.md: the software of every rule is the one locked uv environment, not a per-rule conda env.
+    assert findings == {"* Specify a conda environment or container for each rule.:"}
+
+
+def test_missing_settings_of_a_command_are_bad_input_exit_2_all_named_at_once() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("SNAKEMAKE_IRIS_CONTROLLER_URL", "RLBUILD_BUCKET")}
+    result = subprocess.run(
+        [sys.executable, "-m", "rlbuild", "cancel"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert (
+        "--iris-controller-url: no Iris controller" in result.stderr
+        and "--storage-root: no storage root" in result.stderr
+    )
