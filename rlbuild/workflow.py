@@ -184,7 +184,7 @@ def _export_s3_settings(workflow: Any) -> None:
 
 def experiment_file(repo: Path, selector: str) -> Path:
     """`experiment: <name>` selects config/experiments/<name>.yaml; a path (to a .yaml file) is used as given."""
-    if selector.endswith((".yaml", ".yml")) or "/" in selector or Path(selector).exists():
+    if selector.endswith((".yaml", ".yml")) or "/" in selector or Path(selector).is_file():
         return Path(selector).resolve()
     folder = repo / "config" / "experiments"
     path = folder / f"{selector}.yaml"

@@ -10,6 +10,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, run_snakemake
 
 
@@ -74,3 +76,14 @@ def test_missing_settings_of_a_command_are_bad_input_exit_2_all_named_at_once() 
         "--iris-controller-url: no Iris controller" in result.stderr
         and "--storage-root: no storage root" in result.stderr
     )
+
+
+def test_an_experiment_name_selects_its_file_even_beside_a_folder_of_that_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlbuild.workflow import experiment_file
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "tiny-addition").mkdir()  # what a local storage root in the working directory holds
+    monkeypatch.chdir(tmp_path)
+    assert experiment_file(repo, "tiny-addition") == repo / "config" / "experiments" / "tiny-addition.yaml"
