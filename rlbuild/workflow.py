@@ -34,6 +34,7 @@ from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan
 from rlbuild.plan.spec import Experiment, NodeLimits, check_version, node_size
 from rlbuild.plan.versioning import StoredRecords, checked_plan, experiment_problems, measured_step_time
+from rlbuild.schedulers.registry import SCHEDULERS
 
 RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
 # Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
@@ -368,14 +369,16 @@ class Graph:
             workflow.register_envvars(*env)
 
     def restrict_job_environment(self, workflow: Any) -> None:
-        """Before the first submission (the Snakefile's `onstart`): under Slurm, whose plugin submits with
-        `sbatch --export=ALL`, cut this process's environment to what jobs may receive."""
+        """Before the first submission (the Snakefile's `onstart`): under a scheduler whose jobs inherit the
+        submitting process's environment (Slurm, whose plugin submits with `sbatch --export=ALL`), cut this
+        process's environment to what jobs may receive."""
         plugin = getattr(workflow, "executor_plugin", None)
-        if plugin is None or plugin.name != "slurm":
+        scheduler = SCHEDULERS.get(plugin.name) if plugin is not None else None  # Snakemake's other executors: none
+        if scheduler is None or not scheduler.inherits_submit_environment:
             return
         removed = restrict_to_forwarded(os.environ, self.experiment.execution.env)
         if removed:
-            print(f"rlbuild: not passed to Slurm jobs: {', '.join(removed)}", file=sys.stderr)
+            print(f"rlbuild: not passed to {scheduler.title} jobs: {', '.join(removed)}", file=sys.stderr)
 
     def job_resources(self, kind: str) -> dict[str, int | str]:
         """Resources of the export or eval job: Slurm account, partition, QoS, and the CPUs and memory the

@@ -1,7 +1,8 @@
 """The gang bootstrap: every task of a gang runs `python -m rlbuild.job.gang [options] -- <job step>`.
 
 On Iris the job step is the Snakemake job; on Slurm it is the trainer, started by `rlbuild train` in the job's
-batch step over srun (rlbuild/job/chain.py). Rank, attempt and ports come from the scheduler's variables.
+batch step over srun (rlbuild/job/chain.py). Rank, attempt, ports and address come from the task's scheduler
+(`rlbuild/schedulers/`: Iris's or Slurm's variables).
 
 Rank 0 clears earlier attempts' rendezvous state, starts the Ray head, publishes its address, waits until all
 N nodes have joined (naming the missing ranks on timeout), runs the job step (the Snakemake job that runs the
@@ -33,21 +34,16 @@ from rlbuild.contracts.progress import HEARTBEAT_S
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
-from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE, RANK_RESOURCE, RAY_PORT_NAMES
+from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE, RANK_RESOURCE
 from rlbuild.job import interrupts
-from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
-from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_terminate
+from rlbuild.job.rendezvous import Rendezvous, RendezvousError
+from rlbuild.schedulers.registry import task_scheduler
 
 if TYPE_CHECKING:
     from rlbuild.contracts.launch import LaunchDocument
 
 WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
 WORKER_PORTS_PER_RANK = 400
-# Slurm gives a task no ports: rank r takes free ones in its own band, below the worker ports and the kernel's
-# ephemeral range.
-SLURM_PORT_BASE = 15000
-SLURM_PORT_BAND = 500
-SLURM_PORT_BANDS = 10
 RAY_STOP_GRACE_S = 10.0
 WARNING_SIGNAL = signal.SIGUSR1  # Slurm's `--signal=USR1@<lead>`
 
@@ -205,25 +201,12 @@ def materialise(launch: str | None, cache_dir: Path) -> None:
 
 
 class NotRetryableError(RlbuildError):
-    """A failure the same job would meet again on retry: the task exits NOT_RETRYABLE_EXIT_CODE and, on Iris, cancels
-    its own job so Iris does not restart the gang into the same wall."""
+    """A failure the same job would meet again on retry: the task exits NOT_RETRYABLE_EXIT_CODE and asks its
+    scheduler not to restart it (`Scheduler.refuse_retry`: Iris cancels the gang's job)."""
 
 
 class RuntimeMismatchError(NotRetryableError):
     """This node's code is not the code the launch document was planned for."""
-
-
-def refuse_retry(environ: dict[str, str]) -> None:
-    """Cancel this task's Iris job (the controller URL and task id are in every Iris task's environment)."""
-    url, task = environ.get("IRIS_CONTROLLER_URL"), environ.get("IRIS_TASK_ID", "")
-    job = task.rpartition("/")[0]
-    if not url or not job:
-        return
-    try:
-        iris_terminate(url, job)
-        log(f"cancelled Iris job {job}: a retry would fail the same way")
-    except SchedulerUnavailableError as error:
-        log(f"could not cancel Iris job {job}, so Iris may retry it: {error}")
 
 
 def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
@@ -274,42 +257,6 @@ def launch_rendezvous_dir(launch: str) -> str:
     from rlbuild.contracts.launch import load_launch
 
     return load_launch(launch).ray.rendezvous_dir
-
-
-def task_ports(environ: dict[str, str], task: TaskIdentity) -> dict[str, int]:
-    """Iris hands each gang task its ports (IRIS_PORT_<NAME>). Slurm has none to give: the task takes free ones
-    from a band of its own (ranks sharing a host never race for a port), and only the head's is published."""
-    if task.scheduler == "slurm":
-        return free_ports(SLURM_PORT_BASE + (task.rank % SLURM_PORT_BANDS) * SLURM_PORT_BAND)
-    ports = {}
-    for name in RAY_PORT_NAMES:
-        value = environ.get(f"IRIS_PORT_{name.upper()}")
-        if not value or not value.isdigit() or value == "0":
-            raise RendezvousError(
-                f"IRIS_PORT_{name.upper()} is not set; submit the gang with ports={list(RAY_PORT_NAMES)}"
-            )
-        ports[name] = int(value)
-    return ports
-
-
-def free_ports(low: int) -> dict[str, int]:
-    """One port per Ray port name in [low, low + SLURM_PORT_BAND), each free when taken (all held until the end)."""
-    held: list[socket.socket] = []
-    try:
-        for port in range(low, low + SLURM_PORT_BAND):
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                probe.bind(("", port))
-            except OSError:
-                probe.close()
-                continue
-            held.append(probe)
-            if len(held) == len(RAY_PORT_NAMES):
-                return dict(zip(RAY_PORT_NAMES, (h.getsockname()[1] for h in held), strict=True))
-    finally:
-        for probe in held:
-            probe.close()
-    raise RendezvousError(f"fewer than {len(RAY_PORT_NAMES)} free ports in {low}-{low + SLURM_PORT_BAND - 1}")
 
 
 def run_rank0(args: argparse.Namespace, rdv: Rendezvous, node: RayNode, command: Sequence[str]) -> int:
@@ -419,14 +366,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    scheduler = task_scheduler(os.environ)
     try:
         check_runtime(args.launch, os.environ)
-        task = TaskIdentity.from_environment(os.environ)
+        task = scheduler.task(os.environ)
         root = args.rendezvous_root or launch_rendezvous_dir(args.launch)
         rdv = Rendezvous(root, task.job, args.gang_id, task.attempt, poll_s=args.poll)
-        host = os.environ.get("IRIS_ADVERTISE_HOST") or socket.gethostbyname(socket.gethostname())
-        ports = task_ports(dict(os.environ), task)
-        node = RayNode(rank=task.rank, host=host, ports=ports, num_cpus=args.num_cpus)
+        ports = scheduler.gang_ports(os.environ, task.rank)
+        node = RayNode(rank=task.rank, host=scheduler.advertise_host(os.environ), ports=ports, num_cpus=args.num_cpus)
         args.job, args.scheduler = task.job, task.scheduler
         log(f"rank {task.rank}/{args.nodes} attempt {task.attempt} of {task.job}; rendezvous {rdv.uri}")
         signal.signal(signal.SIGTERM, _terminate)  # the scheduler stopping the task: still stop Ray and keep its logs
@@ -441,7 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.remove_temp_dir()
     except NotRetryableError as error:
         log(f"error (not retryable): {error}")
-        refuse_retry(dict(os.environ))
+        done = scheduler.refuse_retry(os.environ)
+        if done:
+            log(done)
         return NOT_RETRYABLE_EXIT_CODE
     except RlbuildError as error:
         log(f"error: {error}")

@@ -7,17 +7,16 @@ Layout under `<root>/<job>/<gang id>/attempt-<n>/`:
   done              rank 0's job step succeeded: workers exit 0
   failed            rank 0's job step failed (the text says how): workers exit non-zero
 
-`<job>` is the Iris job name (or `slurm-<job id>`), `<gang id>` is fixed at submission (a re-used job name never
-sees an older submission's files) and `<n>` is the attempt (Iris's, or the link of a requeued Slurm job): a
-restarted gang rendezvouses in a fresh folder.
+`<job>`, `<n>` and the rank are the task's, as its scheduler tells it (`Scheduler.task`: the Iris job name and
+attempt, or `slurm-<job id>` and the link of a requeued Slurm job), and `<gang id>` is fixed at submission (a
+re-used job name never sees an older submission's files): a restarted gang rendezvouses in a fresh folder.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from rlbuild.core import storage
@@ -26,45 +25,6 @@ from rlbuild.core.errors import RlbuildError
 
 class RendezvousError(RlbuildError):
     """The gang could not assemble: a rank did not arrive in time, or rank 0 reported a failure."""
-
-
-@dataclass(frozen=True)
-class TaskIdentity:
-    """Which task of the gang this process is: its job, its rank, and the job's attempt (a fresh rendezvous each)."""
-
-    job: str
-    rank: int
-    attempt: int
-    scheduler: str = "iris"
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> TaskIdentity:
-        """Iris's `IRIS_TASK_ID`, or Slurm's `SLURM_JOB_ID`, `SLURM_PROCID` and `SLURM_RESTART_COUNT` (the link
-        of a requeued job; one task per node, so the rank is also `SLURM_NODEID`)."""
-        if "IRIS_TASK_ID" in environ or "SLURM_PROCID" not in environ:
-            return cls.parse(environ.get("IRIS_TASK_ID", ""))
-        values = {name: environ.get(name, "") for name in ("SLURM_JOB_ID", "SLURM_PROCID")}
-        values["SLURM_RESTART_COUNT"] = environ.get("SLURM_RESTART_COUNT") or "0"
-        bad = [f"{name}={value!r}" for name, value in values.items() if not value.isdigit()]
-        if bad:
-            raise RendezvousError(f"{', '.join(bad)}: not a Slurm task's numbers; run the bootstrap under srun")
-        return cls(
-            job=f"slurm-{values['SLURM_JOB_ID']}",
-            rank=int(values["SLURM_PROCID"]),
-            attempt=int(values["SLURM_RESTART_COUNT"]),
-            scheduler="slurm",
-        )
-
-    @classmethod
-    def parse(cls, task_id: str) -> TaskIdentity:
-        job, sep, tail = task_id.rpartition("/")
-        index, colon, attempt = tail.partition(":")
-        if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
-            raise RendezvousError(
-                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
-                "run the bootstrap as an Iris task or a Slurm task (srun)"
-            )
-        return cls(job=job, rank=int(index), attempt=int(attempt or 0))
 
 
 class Rendezvous:

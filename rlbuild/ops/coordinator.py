@@ -23,7 +23,8 @@ from typing import Any
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.wire import forwarded
-from rlbuild.schedulers.jobstate import RUNNING, SchedulerUnavailableError, iris_states, iris_terminate
+from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
+from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Placement, Submission, shell
 
 FOLDER = ".coordinators"
 WORK_FOLDER = ".rlbuild/coordinators"  # the coordinator's Snakemake working folder, under the checkout
@@ -72,8 +73,6 @@ def submit(
     repo: Path,
 ) -> tuple[str, bool]:
     """Submit the coordinator, or find the one of these targets that runs. Returns (Iris job id, adopted)."""
-    from rlbuild.schedulers.iris import Iris, IrisSubmitError, Placement, Submission, shell
-
     name = coordinator_name(experiment_root, targets)
     place = Placement(
         replicas=1,
@@ -128,17 +127,18 @@ def following(experiment_root: str, url: str | None) -> list[dict[str, Any]]:
     found = records(experiment_root)
     if not found:
         return []
-    states: dict[str, str] = {}
-    note = None
-    if url:
-        try:
-            states = iris_states(url, [r["job"] for r in found])
-        except SchedulerUnavailableError as error:
-            note = str(error)
-    else:
-        note = "no Iris controller given (--iris-controller-url)"
+    jobs = [r["job"] for r in found]
+    try:
+        states = IrisScheduler(url).job_states(jobs)
+    except SchedulerUnavailableError as error:
+        states = {job: JobState(Phase.UNKNOWN, note=str(error)) for job in jobs}
     return [
-        {"job": r["job"], "targets": r.get("targets"), "job_state": states.get(r["job"]), "job_state_note": note}
+        {
+            "job": r["job"],
+            "targets": r.get("targets"),
+            "job_state": states[r["job"]].word,
+            "job_state_note": states[r["job"]].note,
+        }
         for r in found
     ]
 
@@ -150,8 +150,9 @@ def cancel(experiment_root: str, url: str, targets: list[str]) -> list[str]:
     if targets:
         name = coordinator_name(experiment_root, targets)
         found = [r for r in found if r["name"] == name]
-    states = iris_states(url, [r["job"] for r in found])
-    running = [r["job"] for r in found if states.get(r["job"]) in RUNNING]
+    iris = IrisScheduler(url)
+    states = iris.job_states([r["job"] for r in found])
+    running = [r["job"] for r in found if states[r["job"]].phase.alive]
     for job in running:
-        iris_terminate(url, job)
+        iris.cancel(job)
     return running

@@ -34,7 +34,8 @@ from rlbuild.plan.identity import record_drift
 from rlbuild.plan.resolve import Plan, resolve
 from rlbuild.plan.spec import Experiment
 from rlbuild.plan.versioning import StoredRecords
-from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_states, slurm_state
+from rlbuild.schedulers.base import Phase, SchedulerUnavailableError
+from rlbuild.schedulers.registry import UnknownSchedulerError, scheduler_for
 
 STALL_AFTER_S = 600.0
 TAIL_LINES = 20
@@ -150,9 +151,7 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
     attempt = last_attempt(a.attempts_root)
     ladder["attempt"] = attempt
     stepping = progress is not None and now - float(progress["time"]) <= opts.stall_after_s
-    job_state = (ladder["gang"] or {}).get("job_state")
-    job_ended = job_state is not None and job_state not in ("pending", "building", "running")
-    if entry["state"] == "running" and job_ended:
+    if entry["state"] == "running" and job_ended(ladder["gang"]):
         state = "failed"
     elif entry["state"] == "running" or (stepping and not _exited(attempt)):
         state = "running"
@@ -212,18 +211,17 @@ def gang_state(rendezvous_dir: str, nodes: int, opts: Options, now: float) -> En
 def scheduler_state(scheduler: str, job: str | None, opts: Options) -> Entry:
     """The authoritative state of a job from its scheduler, or why it could not be asked."""
     if not job:
-        return {"job_state": None, "job_state_note": "no scheduler job (a local run)"}
-    if scheduler == "slurm":
-        state = slurm_state(job.removeprefix("slurm-"))
-        note = None if state else "squeue/sacct not available here or the job is unknown to Slurm"
-        return {"job_state": state, "job_state_note": note}
-    if not opts.iris_url:
-        return {"job_state": None, "job_state_note": "no Iris controller given (--iris-controller-url)"}
+        return {"job_state": None, "job_phase": Phase.UNKNOWN.value, "job_state_note": "no scheduler job (a local run)"}
     try:
-        state = iris_states(opts.iris_url, [job]).get(job)
-    except SchedulerUnavailableError as error:
-        return {"job_state": None, "job_state_note": str(error)}
-    return {"job_state": state, "job_state_note": None if state else "Iris does not know this job"}
+        state = scheduler_for(scheduler, opts.iris_url, where="head.json").job_states([job])[job]
+    except (SchedulerUnavailableError, UnknownSchedulerError) as error:
+        return {"job_state": None, "job_phase": Phase.UNKNOWN.value, "job_state_note": str(error)}
+    return {"job_state": state.word, "job_phase": state.phase.value, "job_state_note": state.note}
+
+
+def job_ended(gang: Entry | None) -> bool:
+    """The gang's scheduler job has ended (succeeded or failed), as its scheduler says."""
+    return bool(gang) and Phase(gang.get("job_phase", Phase.UNKNOWN.value)).ended
 
 
 def last_attempt(attempts_root: str) -> Entry | None:
@@ -248,7 +246,7 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
         if entry.get("verdict"):
             return str(entry["verdict"])
         attempt, gang = ladder.get("attempt") or {}, ladder.get("gang") or {}
-        if gang.get("job_state") and gang["job_state"] not in ("pending", "building", "running"):
+        if job_ended(gang):
             return f"failed: {gang.get('scheduler', 'iris')} job {gang.get('job')} is {gang['job_state']}"
         last = next((line for line in reversed(attempt.get("tail", [])) if "exited with code" not in line), "")
         return f"failed: attempt {attempt.get('id')} exited with code {attempt.get('exit_code')}: {last.strip()}"

@@ -1,57 +1,146 @@
-"""The one Iris client (the Iris library's), for the executor plugin and the coordinator: submit a placement,
-find an earlier submission, follow a job, report failures. What a status round asks of many jobs at once, without
-the client library, is `rlbuild/schedulers/jobstate.py`."""
+"""Iris as rlbuild sees it, in one module: the scheduler interface (`IrisScheduler`: job states and cancelling
+over the controller's Connect-RPC JSON, a gang task's rank, attempt and ports from Iris's variables) and the Iris
+client (`Iris`, on the Iris library: submit a placement or adopt an earlier submission, failure reports), which the
+executor plugin and the coordinator share.
+
+The interface needs no client library: `GetJobState` answers for many jobs in one call (the plugin polls every
+active job in one round trip) and `rlbuild status` and the gang bootstrap work without importing the Iris client,
+which costs about two seconds; `Iris` imports it when it is made.
+"""
 
 from __future__ import annotations
 
+import json
 import shlex
+import urllib.error
+import urllib.request
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
-
-import httpx
-from connectrpc.code import Code
-from connectrpc.errors import ConnectError
-from iris.client import IrisClient, JobAlreadyExists, JobState, JobStatus, TaskStatus
-from iris.client.client import get_iris_ctx
-from iris.cluster.client.job_info import resolve_job_user
-from iris.cluster.constraints import Constraint, ConstraintOp
-from iris.cluster.types import CoschedulingConfig, Entrypoint, EnvironmentSpec, JobName, ResourceSpec, gpu_device
-from iris.rpc.proto_display import priority_band_value
-from rigging.secrets import SecretBehavior
-from rigging.timing import Duration
+from typing import TYPE_CHECKING
 
 from rlbuild.core.errors import RlbuildError
+from rlbuild.core.wire import RAY_PORT_NAMES
+from rlbuild.schedulers.base import GangTaskError, JobState, Phase, Scheduler, SchedulerUnavailableError, TaskIdentity
 
-STATE_RPC = "iris.cluster.ControllerService/GetJobState"
+if TYPE_CHECKING:
+    from iris.client import JobStatus, TaskStatus
+    from iris.cluster.types import JobName
+
+GET_JOB_STATE = "iris.cluster.ControllerService/GetJobState"
+TERMINATE_JOB = "iris.cluster.ControllerService/TerminateJob"
+RPC_TIMEOUT_S = 10.0
+# Iris's job states (`iris.client.JobState`, the wire names GetJobState answers), lower-case.
+PHASES = {
+    "pending": Phase.PENDING,
+    "building": Phase.PENDING,  # placed on a worker, its environment being built
+    "running": Phase.RUNNING,
+    "succeeded": Phase.SUCCEEDED,
+    "failed": Phase.FAILED,
+    "killed": Phase.FAILED,
+    "worker_failed": Phase.FAILED,
+    "unschedulable": Phase.FAILED,
+}
+NO_CONTROLLER = "no Iris controller given (--iris-controller-url)"
+UNKNOWN_JOB = "Iris does not know this job"
 
 
 class IrisSubmitError(RlbuildError):
     """Iris refused a job, or did not answer."""
 
 
-class Outcome(Enum):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
+def phase(word: str) -> Phase:
+    """SUCCEEDED only for `succeeded`; every other terminal state is FAILED; a word a later Iris adds (or the
+    proto's `unspecified`) is UNKNOWN."""
+    return PHASES.get(word.lower(), Phase.UNKNOWN)
 
 
-def outcome(state: JobState | str) -> Outcome:
-    """SUCCEEDED only for `succeeded`; any other terminal state (failed, killed, worker_failed, unschedulable,
-    or one a later Iris adds) is FAILED; everything else is still RUNNING."""
-    from iris.client import JobState
-    from iris.resources.state import is_job_finished
+def state_words(answer: Mapping[str, object]) -> dict[str, str]:
+    """`{job id: state}` from GetJobState's JSON answer (`{"states": {job: "JOB_STATE_RUNNING"}}`), lower-case."""
+    found = answer.get("states") or {}
+    if not isinstance(found, dict):
+        raise SchedulerUnavailableError(f"the Iris controller answered {GET_JOB_STATE} with {answer!r}")
+    return {job: str(state).removeprefix("JOB_STATE_").lower() for job, state in found.items()}
 
-    if isinstance(state, str):  # the wire name, as GetJobState's JSON answers (`running`)
+
+def _post(url: str, method: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/{method}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=RPC_TIMEOUT_S) as response:
+            return json.loads(response.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise SchedulerUnavailableError(
+            f"the Iris controller at {url} did not answer {method} ({error}); check the controller URL "
+            "(SNAKEMAKE_IRIS_CONTROLLER_URL) and that the controller or its tunnel is up"
+        ) from error
+
+
+class IrisScheduler(Scheduler):
+    name = "iris"
+    title = "Iris"
+
+    @classmethod
+    def for_task(cls, environ: Mapping[str, str]) -> IrisScheduler | None:
+        """Every Iris task has `IRIS_TASK_ID` and `IRIS_CONTROLLER_URL`."""
+        return cls(environ.get("IRIS_CONTROLLER_URL") or None) if "IRIS_TASK_ID" in environ else None
+
+    def job_states(self, jobs: Sequence[str]) -> dict[str, JobState]:
+        if not self.address:
+            return {job: JobState(Phase.UNKNOWN, note=NO_CONTROLLER) for job in jobs}
+        words = state_words(_post(self.address, GET_JOB_STATE, {"jobIds": list(jobs)})) if jobs else {}
+        return {
+            job: JobState(phase(words[job]), words[job]) if job in words else JobState(Phase.UNKNOWN, note=UNKNOWN_JOB)
+            for job in jobs
+        }
+
+    def cancel(self, job: str) -> None:
+        """TerminateJob: the job and its children (the jobs a coordinator submitted)."""
+        if not self.address:
+            raise SchedulerUnavailableError(f"{NO_CONTROLLER}: cannot cancel {job}")
+        _post(self.address, TERMINATE_JOB, {"jobId": job})
+
+    def task(self, environ: Mapping[str, str]) -> TaskIdentity:
+        """`IRIS_TASK_ID` = `/<user>/<job>/<index>:<attempt>`: the index is the rank."""
+        task_id = environ.get("IRIS_TASK_ID", "")
+        job, sep, tail = task_id.rpartition("/")
+        index, colon, attempt = tail.partition(":")
+        if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
+            raise GangTaskError(
+                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
+                "run the bootstrap as an Iris task or a Slurm task (srun)"
+            )
+        return TaskIdentity(job=job, rank=int(index), attempt=int(attempt or 0), scheduler=self.name)
+
+    def gang_ports(self, environ: Mapping[str, str], rank: int) -> dict[str, int]:
+        """Iris hands each gang task its ports (IRIS_PORT_<NAME>)."""
+        ports = {}
+        for name in RAY_PORT_NAMES:
+            value = environ.get(f"IRIS_PORT_{name.upper()}")
+            if not value or not value.isdigit() or value == "0":
+                raise GangTaskError(
+                    f"IRIS_PORT_{name.upper()} is not set; submit the gang with ports={list(RAY_PORT_NAMES)}"
+                )
+            ports[name] = int(value)
+        return ports
+
+    def advertise_host(self, environ: Mapping[str, str]) -> str:
+        return environ.get("IRIS_ADVERTISE_HOST") or super().advertise_host(environ)
+
+    def refuse_retry(self, environ: Mapping[str, str]) -> str | None:
+        """Cancel this task's own job, so Iris does not restart the gang into the same failure."""
+        job = environ.get("IRIS_TASK_ID", "").rpartition("/")[0]
+        if not self.address or not job:
+            return None
         try:
-            state = JobState(state)
-        except ValueError:  # a state this client does not know yet: not running, not succeeded
-            return Outcome.FAILED
-    if state is JobState.SUCCEEDED:
-        return Outcome.SUCCEEDED
-    if is_job_finished(state):
-        return Outcome.FAILED
-    return Outcome.RUNNING
+            self.cancel(job)
+        except SchedulerUnavailableError as error:
+            return f"could not cancel Iris job {job}, so Iris may retry it: {error}"
+        return f"cancelled Iris job {job}: a retry would fail the same way"
 
 
 @dataclass(frozen=True)
@@ -85,6 +174,8 @@ class Iris:
     """One connection to an Iris controller."""
 
     def __init__(self, url: str) -> None:
+        from iris.client import IrisClient
+
         self.url = url.rstrip("/")
         probe(self.url)
         self.client = IrisClient.remote(self.url)
@@ -92,6 +183,10 @@ class Iris:
     def job_id(self, name: str) -> JobName:
         """Where Iris puts a job of this name: a child of the job we run in (a coordinator submitted by `rlbuild
         submit`, so cancelling it cancels its jobs), else a root job of this user."""
+        from iris.client.client import get_iris_ctx
+        from iris.cluster.client.job_info import resolve_job_user
+        from iris.cluster.types import JobName
+
         context = get_iris_ctx()
         if context is not None and context.job_id is not None:
             return context.job_id.child(name)
@@ -99,6 +194,9 @@ class Iris:
 
     def find_active(self, name: str) -> JobName | None:
         """The job of this name if it is still pending or running (a restarted Snakemake adopts it)."""
+        from connectrpc.code import Code
+        from connectrpc.errors import ConnectError
+
         job_id = self.job_id(name)
         try:
             state = self.client.job_state(job_id)
@@ -106,42 +204,23 @@ class Iris:
             if error.code == Code.NOT_FOUND:
                 return None
             raise IrisSubmitError(f"Iris at {self.url} did not answer for job {name}: {error}") from error
-        return job_id if outcome(state) is Outcome.RUNNING else None
+        return job_id if phase(state.value).alive else None
 
     def submit(self, name: str, place: Placement, sub: Submission) -> tuple[JobName, bool]:
         """Submit, or adopt a running job of the same name. Returns (job id, adopted)."""
+        from connectrpc.errors import ConnectError
+        from iris.client import JobAlreadyExists
+
         found = self.find_active(name)
         if found is not None:
             return found, True
-        device = gpu_device(place.gpu_variant, place.gpus_per_node) if place.gpu_variant else None
-        # An explicit list, also when empty: inside a coordinator, None would inherit its (CPU pool) constraints.
-        constraints = []
-        if sub.cpu_pool and place.gpu_variant is None:
-            constraints = [Constraint.create(key="pool", op=ConstraintOp.EQ, value=sub.cpu_pool)]
         try:
-            job = self.client.submit(
-                Entrypoint.from_command(*sub.command),
-                name=name,
-                resources=ResourceSpec(cpu=place.cpu, memory=place.memory, disk=place.disk, device=device),
-                environment=EnvironmentSpec(env_vars=sub.env, setup_scripts=[], secret_behavior=SecretBehavior.ISOLATE),
-                ports=sub.ports or None,
-                scheduling_timeout=Duration.from_seconds(sub.scheduling_timeout_s),
-                constraints=constraints,
-                coscheduling=CoschedulingConfig(group_by=place.coschedule) if place.coschedule else None,
-                replicas=place.replicas,
-                # Both budgets: with only the per-task one Iris fails the job on the first failure.
-                max_retries_failure=place.max_retries,
-                max_task_failures=place.max_retries,
-                priority_band=priority_band_value(place.priority),
-            )
+            job = self.client.submit(**_request(name, place, sub))
         except JobAlreadyExists:
             return self.job_id(name), True
         except (ConnectError, ValueError) as error:
             raise IrisSubmitError(f"Iris at {self.url} refused job {name}: {error}") from error
         return job.job_id, False
-
-    def state(self, job_id: JobName) -> JobState:
-        return self.client.job_state(job_id)
 
     def status(self, job_id: JobName) -> JobStatus:
         return self.client.job_status(job_id)
@@ -175,6 +254,36 @@ class Iris:
         self.client.shutdown()
 
 
+def _request(name: str, place: Placement, sub: Submission) -> dict[str, object]:
+    """The Iris client's `submit` arguments for one placement and submission."""
+    from iris.cluster.constraints import Constraint, ConstraintOp
+    from iris.cluster.types import CoschedulingConfig, Entrypoint, EnvironmentSpec, ResourceSpec, gpu_device
+    from iris.rpc.proto_display import priority_band_value
+    from rigging.secrets import SecretBehavior
+    from rigging.timing import Duration
+
+    device = gpu_device(place.gpu_variant, place.gpus_per_node) if place.gpu_variant else None
+    # An explicit list, also when empty: inside a coordinator, None would inherit its (CPU pool) constraints.
+    constraints = []
+    if sub.cpu_pool and place.gpu_variant is None:
+        constraints = [Constraint.create(key="pool", op=ConstraintOp.EQ, value=sub.cpu_pool)]
+    return {
+        "entrypoint": Entrypoint.from_command(*sub.command),
+        "name": name,
+        "resources": ResourceSpec(cpu=place.cpu, memory=place.memory, disk=place.disk, device=device),
+        "environment": EnvironmentSpec(env_vars=sub.env, setup_scripts=[], secret_behavior=SecretBehavior.ISOLATE),
+        "ports": sub.ports or None,
+        "scheduling_timeout": Duration.from_seconds(sub.scheduling_timeout_s),
+        "constraints": constraints,
+        "coscheduling": CoschedulingConfig(group_by=place.coschedule) if place.coschedule else None,
+        "replicas": place.replicas,
+        # Both budgets: with only the per-task one Iris fails the job on the first failure.
+        "max_retries_failure": place.max_retries,
+        "max_task_failures": place.max_retries,
+        "priority_band": priority_band_value(place.priority),
+    }
+
+
 def shell(cwd: str, command: str) -> list[str]:
     """Iris tasks start in the controller's folder: run the command from the submitter's."""
     return ["bash", "-c", f"cd {shlex.quote(cwd)} && {command}"]
@@ -183,8 +292,10 @@ def shell(cwd: str, command: str) -> list[str]:
 def probe(url: str, timeout_s: float = 10.0) -> None:
     """Fail fast on a wrong or unreachable controller; the client's own calls retry for up to 30 minutes, which is
     right for riding out a controller restart mid-run but not for a typo at start-up."""
+    import httpx
+
     try:
-        response = httpx.post(f"{url}/{STATE_RPC}", json={"jobIds": []}, timeout=timeout_s)
+        response = httpx.post(f"{url}/{GET_JOB_STATE}", json={"jobIds": []}, timeout=timeout_s)
     except httpx.HTTPError as error:
         raise IrisSubmitError(
             f"Iris controller at {url} is unreachable ({error}); check --iris-controller-url "
@@ -192,7 +303,7 @@ def probe(url: str, timeout_s: float = 10.0) -> None:
         ) from error
     if response.status_code != 200:
         raise IrisSubmitError(
-            f"{url} answered {response.status_code} to {STATE_RPC}: not an Iris controller? "
+            f"{url} answered {response.status_code} to {GET_JOB_STATE}: not an Iris controller? "
             "Check --iris-controller-url (SNAKEMAKE_IRIS_CONTROLLER_URL)"
         )
 

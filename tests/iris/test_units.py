@@ -15,8 +15,9 @@ from rlbuild.contracts import runtime
 from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.job.gang import RuntimeMismatchError, check_runtime
-from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
-from rlbuild.schedulers.iris import Outcome, outcome
+from rlbuild.job.rendezvous import Rendezvous, RendezvousError
+from rlbuild.schedulers.base import GangTaskError, Phase, TaskIdentity
+from rlbuild.schedulers.iris import IrisScheduler, phase
 from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
@@ -101,18 +102,24 @@ def test_gang_command_runs_the_step_on_rank_zero_only_through_the_bootstrap() ->
 
 
 def test_every_terminal_state_but_success_is_a_failure() -> None:
-    assert outcome(JobState.SUCCEEDED) is Outcome.SUCCEEDED
+    """Every state the Iris library names is mapped; the library's own terminal set agrees with ours."""
+    from iris.resources.state import is_job_finished
+
+    assert phase(JobState.SUCCEEDED.value) is Phase.SUCCEEDED
     for state in (JobState.FAILED, JobState.KILLED, JobState.WORKER_FAILED, JobState.UNSCHEDULABLE):
-        assert outcome(state) is Outcome.FAILED
-    for state in (JobState.PENDING, JobState.BUILDING, JobState.RUNNING):
-        assert outcome(state) is Outcome.RUNNING
+        assert phase(state.value) is Phase.FAILED
+    assert phase(JobState.PENDING.value) is phase(JobState.BUILDING.value) is Phase.PENDING
+    assert phase(JobState.RUNNING.value) is Phase.RUNNING
+    assert phase(JobState.UNSPECIFIED.value) is Phase.UNKNOWN
+    assert {s for s in JobState if is_job_finished(s)} == {s for s in JobState if phase(s.value).ended}
 
 
 def test_task_identity_comes_from_iris_task_id() -> None:
-    assert TaskIdentity.parse("/root/train-x-a1-abc/3:2") == TaskIdentity("/root/train-x-a1-abc", 3, 2)
-    assert TaskIdentity.parse("/root/job/0") == TaskIdentity("/root/job", 0, 0)
-    with pytest.raises(RendezvousError, match="IRIS_TASK_ID"):
-        TaskIdentity.parse("7")
+    iris = IrisScheduler()
+    assert iris.task({"IRIS_TASK_ID": "/root/train-x-a1-abc/3:2"}) == TaskIdentity("/root/train-x-a1-abc", 3, 2, "iris")
+    assert iris.task({"IRIS_TASK_ID": "/root/job/0"}) == TaskIdentity("/root/job", 0, 0, "iris")
+    with pytest.raises(GangTaskError, match="IRIS_TASK_ID"):
+        iris.task({"IRIS_TASK_ID": "7"})
 
 
 def test_rendezvous_clears_stale_attempts_and_reports_outcomes(tmp_path: Path) -> None:

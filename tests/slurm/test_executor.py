@@ -1,6 +1,7 @@
 """The official Slurm plugin and rlbuild's preflight against a real local cluster. An impossible request fails
 clearly and at once: refused by preflight (sinfo) before anything is submitted, and by sbatch when preflight is not
-in the way; Ctrl-C cancels the Slurm jobs (the documented choice: nothing keeps running)."""
+in the way; Ctrl-C cancels the Slurm jobs (the documented choice: nothing keeps running). rlbuild's own Slurm
+module (rlbuild/schedulers/slurm.py) reads a job's state as status does and cancels it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from rlbuild.ops.status import Options, scheduler_state
+from rlbuild.schedulers.base import JobState, Phase
+from rlbuild.schedulers.registry import scheduler_for
 from tests.iris.conftest import start_snakemake, wait_for
 from tests.slurm.conftest import fast_flags, snakemake_env, workflow_copy
 from tests.slurm.local_cluster import LocalSlurm
@@ -84,3 +88,22 @@ def test_preflight_asks_sinfo_and_refuses_what_the_partition_cannot_hold(slurm: 
     error_on("topology.num_nodes", "3 nodes, but partition 'gpu' has 2")
     per_node = error_on("topology.gpus_per_node", "partition 'gpu' has 1 GPUs per node")
     assert per_node["fix"].startswith("set gpus_per_node: 1 and num_nodes: 24")
+
+
+def test_status_reads_a_slurm_jobs_state_and_the_scheduler_cancels_it(
+    slurm: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in slurm.env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["sbatch", "--parsable", "--partition", "cpu", f"--chdir={tmp_path}", "--wrap", "sleep 120"]
+    submitted = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    job = f"slurm-{submitted.split(';')[0]}"  # as the gang records it in head.json
+    wait_for(lambda: scheduler_state("slurm", job, Options())["job_phase"] == "running", 60, f"{job} to run")
+    assert scheduler_state("slurm", job, Options()) == {
+        "job_state": "running",
+        "job_phase": "running",
+        "job_state_note": None,
+    }
+    scheduler = scheduler_for("slurm")
+    scheduler.cancel(job)
+    wait_for(lambda: scheduler.job_states([job])[job] == JobState(Phase.FAILED, "cancelled"), 30, f"{job} to end")

@@ -12,13 +12,14 @@ import pytest
 
 from rlbuild.core.errors import PreflightError
 from rlbuild.core.wire import restrict_to_forwarded
-from rlbuild.job.gang import SLURM_PORT_BAND, task_ports
-from rlbuild.job.rendezvous import RendezvousError, TaskIdentity
 from rlbuild.plan import slurm
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
 from rlbuild.plan.spec import Experiment
+from rlbuild.schedulers.base import GangTaskError, TaskIdentity
+from rlbuild.schedulers.registry import task_scheduler
+from rlbuild.schedulers.slurm import PORT_BAND, Slurm
 from tests.spine.experiments import experiment
 
 # Seed 004: 56 GPUs on Jupiter's GH200 nodes (4 GPUs each) is 14 nodes; 12-hour limit, chained.
@@ -103,24 +104,30 @@ def test_the_plan_shows_the_slurm_placement_and_the_expected_links(tmp_path: Pat
 
 
 def test_a_slurm_task_takes_rank_and_attempt_from_slurms_variables() -> None:
-    task = TaskIdentity.from_environment({"SLURM_JOB_ID": "4711", "SLURM_PROCID": "3", "SLURM_RESTART_COUNT": "2"})
-    assert task == TaskIdentity("slurm-4711", 3, 2, "slurm")
-    assert TaskIdentity.from_environment({"SLURM_JOB_ID": "9", "SLURM_PROCID": "0"}).attempt == 0
+    def task(environ: dict[str, str]) -> TaskIdentity:
+        return task_scheduler(environ).task(environ)
+
+    assert task({"SLURM_JOB_ID": "4711", "SLURM_PROCID": "3", "SLURM_RESTART_COUNT": "2"}) == TaskIdentity(
+        "slurm-4711", 3, 2, "slurm"
+    )
+    assert task({"SLURM_JOB_ID": "9", "SLURM_PROCID": "0"}).attempt == 0
     iris = {"IRIS_TASK_ID": "/u/job/1:0", "SLURM_JOB_ID": "9", "SLURM_PROCID": "0"}
-    assert TaskIdentity.from_environment(iris) == TaskIdentity("/u/job", 1, 0)
-    with pytest.raises(RendezvousError, match="SLURM_PROCID='x'"):
-        TaskIdentity.from_environment({"SLURM_JOB_ID": "9", "SLURM_PROCID": "x"})
+    assert task(iris) == TaskIdentity("/u/job", 1, 0, "iris")
+    with pytest.raises(GangTaskError, match="SLURM_PROCID='x'"):
+        task({"SLURM_JOB_ID": "9", "SLURM_PROCID": "x"})
+    with pytest.raises(GangTaskError, match="neither IRIS_TASK_ID nor SLURM_PROCID"):
+        task({"SLURM_JOB_ID": "9"})  # a batch script, not a task of a step: no rank
 
 
 def test_slurm_ranks_take_free_ports_from_bands_of_their_own() -> None:
-    ranks = [task_ports({}, TaskIdentity("slurm-1", rank, 0, "slurm")) for rank in (0, 1)]
+    ranks = [Slurm().gang_ports({}, rank) for rank in (0, 1)]
     assert all(len(set(p.values())) == len(p) for p in ranks)
     assert set(ranks[0].values()).isdisjoint(ranks[1].values())
     low = min(ranks[0].values())
     with socket.socket() as taken:  # a port in use is skipped, not handed out
         taken.bind(("", low))
-        assert low not in task_ports({}, TaskIdentity("slurm-1", 0, 0, "slurm")).values()
-    assert max(ranks[0].values()) < low + SLURM_PORT_BAND
+        assert low not in Slurm().gang_ports({}, 0).values()
+    assert max(ranks[0].values()) < low + PORT_BAND
 
 
 def test_a_slurm_job_gets_the_allow_list_and_process_basics_only() -> None:

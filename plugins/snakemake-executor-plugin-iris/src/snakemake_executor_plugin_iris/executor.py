@@ -20,8 +20,8 @@ from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
 
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import RAY_PORT_NAMES
-from rlbuild.schedulers.iris import IrisSubmitError, Outcome, outcome, shell
-from rlbuild.schedulers.jobstate import SchedulerUnavailableError, iris_states
+from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
+from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Submission, shell
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (
@@ -35,8 +35,9 @@ from snakemake_executor_plugin_iris.requests import (
 if TYPE_CHECKING:
     from snakemake_executor_plugin_iris import ExecutorSettings
 
-# The Iris client (and rigging) are imported where they are used, not here: Snakemake imports every installed
-# executor plugin on each start, and `iris.client` alone costs about a second of every dry run.
+# The Iris library (and rigging) are imported where they are used (rlbuild/schedulers/iris.py imports it when an
+# `Iris` is made): Snakemake imports every installed executor plugin on each start, and `iris.client` alone costs
+# about a second of every dry run.
 
 LOG_LAG_S = 2.0  # Iris's logs trail a job's terminal state by 1-2 s
 
@@ -70,12 +71,11 @@ def storage_uri(path: Any) -> str:
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
         self.settings: ExecutorSettings = self.workflow.executor_settings
-        from rlbuild.schedulers.iris import Iris
-
         try:
             self.iris = Iris(controller_url(self.settings))
         except IrisSubmitError as error:
             raise WorkflowError(str(error)) from error
+        self.scheduler = IrisScheduler(self.iris.url)
         self.defaults = Defaults(
             cpu=self.settings.node_cpu,
             memory=self.settings.node_memory,
@@ -126,8 +126,6 @@ class Executor(RemoteExecutor):
                 rendezvous_root=None if launch else self._rendezvous_root(),
                 join_timeout_s=self.settings.join_timeout,
             )
-        from rlbuild.schedulers.iris import Submission
-
         submission = Submission(
             command=shell(os.getcwd(), command),
             env=task_env(os.environ, self.envvars(), self.extra_env),
@@ -178,12 +176,12 @@ class Executor(RemoteExecutor):
                     yield local
         states = await self._states(remote)
         for info in remote:
-            wire = info.aux["job_id"].to_wire()
-            state = states.get(wire) if states is not None else "running"  # no answer: ask again next round
-            result = outcome(state) if state is not None else Outcome.FAILED
-            if result is Outcome.RUNNING:
+            # No answer: ask again next round. A job Iris does not know, or a state this client does not know
+            # (UNKNOWN), has not succeeded and is not running: a failure.
+            phase = states[info.aux["job_id"].to_wire()].phase if states is not None else Phase.RUNNING
+            if phase.alive:
                 yield info
-            elif result is Outcome.SUCCEEDED:
+            elif phase is Phase.SUCCEEDED:
                 forget_directory_probes(info.job)
                 self.report_job_success(info)
             else:
@@ -191,14 +189,15 @@ class Executor(RemoteExecutor):
         if self.settings.status_interval is not None:
             self.next_seconds_between_status_checks = self.settings.status_interval
 
-    async def _states(self, remote: list[SubmittedJobInfo]) -> dict[str, str] | None:
+    async def _states(self, remote: list[SubmittedJobInfo]) -> dict[str, JobState] | None:
         """Every active Iris job's state in one call (GetJobState takes a list, as one sacct serves the Slurm
         plugin); None when the controller did not answer (a restart): the jobs are asked about again next round."""
         if not remote:
             return {}
         async with self.status_rate_limiter:
             try:
-                return await asyncio.to_thread(iris_states, self.iris.url, [i.aux["job_id"].to_wire() for i in remote])
+                jobs = [i.aux["job_id"].to_wire() for i in remote]
+                return await asyncio.to_thread(self.scheduler.job_states, jobs)
             except SchedulerUnavailableError as error:
                 self.logger.warning(f"{error}; retrying at the next status check")
                 return None

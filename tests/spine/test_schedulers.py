@@ -1,0 +1,99 @@
+"""The seam per scheduler (rlbuild/schedulers/): the registry by name and by task environment, and what each
+scheduler's words for a job's state mean (squeue/sacct output, Iris's GetJobState answer), as status reads them."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from rlbuild.ops.status import Options, job_ended, scheduler_state
+from rlbuild.schedulers import iris, local, slurm
+from rlbuild.schedulers.base import GangTaskError, JobState, Phase, SchedulerUnavailableError
+from rlbuild.schedulers.registry import NAMES, UnknownSchedulerError, scheduler_for, task_scheduler
+
+
+def test_every_scheduler_is_found_by_its_name_and_a_wrong_name_is_named_with_the_choices() -> None:
+    assert NAMES == ("local", "iris", "slurm")
+    for name in NAMES:
+        assert scheduler_for(name).name == name
+    assert scheduler_for("iris", "http://controller:10000").address == "http://controller:10000"
+    with pytest.raises(UnknownSchedulerError) as raised:
+        scheduler_for("pbs", where="head.json")
+    assert str(raised.value) == "head.json: unknown scheduler 'pbs'; rlbuild knows 'local', 'iris', 'slurm'"
+
+
+def test_the_task_environment_says_which_scheduler_runs_this_process() -> None:
+    on_iris = task_scheduler({"IRIS_TASK_ID": "/u/job/0:1", "IRIS_CONTROLLER_URL": "http://c:1"})
+    assert (on_iris.name, on_iris.address) == ("iris", "http://c:1")
+    assert task_scheduler({"SLURM_PROCID": "0", "SLURM_JOB_ID": "7"}).name == "slurm"
+    assert task_scheduler({"SLURM_JOB_ID": "7"}).name == "local"  # a batch script, not a task of a step
+    alone = task_scheduler({})
+    assert alone.name == "local"
+    with pytest.raises(GangTaskError, match="run the bootstrap as an Iris task or a Slurm task"):
+        alone.task({})
+    assert alone.job_states(["x"]) == {"x": JobState(Phase.UNKNOWN, note=local.NO_JOB)}
+    assert alone.refuse_retry({}) is None
+
+
+@pytest.mark.parametrize(
+    ("stdout", "word", "phase"),
+    [
+        ("PENDING\n", "pending", Phase.PENDING),  # squeue -o %T
+        ("CONFIGURING\n", "configuring", Phase.PENDING),
+        ("REQUEUED\n", "requeued", Phase.PENDING),  # a chain's next link
+        ("RUNNING\n", "running", Phase.RUNNING),
+        ("COMPLETING\n", "completing", Phase.RUNNING),  # still ending: not yet a failure
+        ("SUSPENDED\n", "suspended", Phase.RUNNING),
+        ("COMPLETED\n", "completed", Phase.SUCCEEDED),
+        ("CANCELLED by 1000\n", "cancelled", Phase.FAILED),  # sacct -P -o State
+        ("TIMEOUT\n", "timeout", Phase.FAILED),
+        ("OUT_OF_MEMORY\n", "out_of_memory", Phase.FAILED),
+        ("NODE_FAIL\n", "node_fail", Phase.FAILED),
+        ("PREEMPTED\n", "preempted", Phase.FAILED),
+        ("RUNNING\nRUNNING\n", "running", Phase.RUNNING),  # one line per step or array task: the first
+        ("OUT_OF_ME+\n", "out_of_me+", Phase.UNKNOWN),  # a truncated column is not guessed at
+    ],
+)
+def test_slurm_state_words_map_to_phases(stdout: str, word: str, phase: Phase) -> None:
+    assert slurm.state_word(stdout) == word
+    assert slurm.phase(word) is phase
+
+
+def test_slurm_without_an_answer_is_unknown_with_the_reason() -> None:
+    assert slurm.state_word("") is None
+    states = slurm.Slurm().job_states(["slurm-999999999"])  # the real squeue/sacct: no such job, or no Slurm
+    assert states == {"slurm-999999999": JobState(Phase.UNKNOWN, note=slurm.UNKNOWN_JOB)}
+
+
+def test_iris_answers_map_to_phases_and_a_job_it_does_not_know_is_unknown() -> None:
+    answer = {"states": {"/u/a": "JOB_STATE_RUNNING", "/u/b": "JOB_STATE_KILLED", "/u/c": "JOB_STATE_NEW_IDEA"}}
+    words = iris.state_words(answer)
+    assert words == {"/u/a": "running", "/u/b": "killed", "/u/c": "new_idea"}
+    assert [iris.phase(w) for w in words.values()] == [Phase.RUNNING, Phase.FAILED, Phase.UNKNOWN]
+    assert iris.state_words({}) == {}
+    with pytest.raises(SchedulerUnavailableError, match="GetJobState"):
+        iris.state_words({"states": ["not", "a", "map"]})
+
+
+def test_iris_without_a_controller_or_with_a_dead_one_says_why() -> None:
+    assert iris.IrisScheduler().job_states(["/u/a"]) == {"/u/a": JobState(Phase.UNKNOWN, note=iris.NO_CONTROLLER)}
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    with pytest.raises(SchedulerUnavailableError, match=f"the Iris controller at {url} did not answer"):
+        iris.IrisScheduler(url).job_states(["/u/a"])
+    refused = iris.IrisScheduler(url).refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"})
+    assert refused is not None
+    assert refused.startswith(f"could not cancel Iris job /u/a, so Iris may retry it: the Iris controller at {url}")
+    assert iris.IrisScheduler().refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}) is None  # no controller to ask
+
+
+def test_status_asks_the_recorded_scheduler_and_only_an_ended_job_ends_a_train() -> None:
+    unknown = scheduler_state("pbs", "job-1", Options())
+    assert unknown["job_state"] is None and "unknown scheduler 'pbs'" in unknown["job_state_note"]
+    no_controller = scheduler_state("iris", "/u/a", Options())
+    assert no_controller == {"job_state": None, "job_phase": "unknown", "job_state_note": iris.NO_CONTROLLER}
+    assert job_ended({"job_phase": "failed"}) and job_ended({"job_phase": "succeeded"})
+    assert not job_ended({"job_phase": "running"}) and not job_ended({"job_phase": "unknown"})
+    assert not job_ended(None) and not job_ended({})
