@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlbuild.core import storage
+from rlbuild.core.inventory import Inventory
 from rlbuild.dev.built import write_built
 from rlbuild.dev.s3 import S3Server, latency_proxy
 from tests.conftest import EXPERIMENTS, run_snakemake
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
 VERSIONS = [f"2026.01.{day:02d}" for day in range(1, 29)] + [f"2026.02.{day:02d}" for day in range(1, 23)]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_50_version_dry_run_asks_storage_at_most_2_requests_a_version(
     tmp_path: Path, s3_server: S3Server, s3_root: str
 ) -> None:
@@ -46,3 +48,19 @@ def test_a_50_version_dry_run_asks_storage_at_most_2_requests_a_version(
     # The first dry run after the build reads each of the 7 records of a version once, concurrently, and keeps
     # them by ETag; the runs after it read none again.
     assert first - fifty <= 7 * len(VERSIONS), f"first run {first}, later {fifty}"
+
+
+def test_the_inventory_answers_from_its_listings_and_sees_what_changed_after_them(tmp_path: Path) -> None:
+    root = str(tmp_path / "exp")
+    storage.write_text(f"{root}/launch/v1.identity.json", '{"fingerprint": "a"}')
+    storage.write_text(f"{root}/tmp/ttl=7d/train/v1/checkpoints/latest", "3")
+    inventory = Inventory(root)
+    texts = inventory.read_texts([f"{root}/launch/v1.identity.json", f"{root}/launch/v2.identity.json"])
+    assert texts == {f"{root}/launch/v1.identity.json": '{"fingerprint": "a"}', f"{root}/launch/v2.identity.json": None}
+    assert inventory.may_exist(f"{root}/tmp/ttl=7d/train/v1/checkpoints")
+    assert not inventory.may_exist(f"{root}/tmp/ttl=7d/train/v2/checkpoints")  # no per-version request
+    assert inventory.may_exist(f"{root}/launch") and not inventory.may_exist(f"{root}/export/v1")
+    storage.write_text(f"{root}/launch/v2.identity.json", "{}")  # written after the listing
+    assert inventory.read_text(f"{root}/launch/v2.identity.json") is None  # the listing's answer, until asked
+    assert inventory.changed(f"{root}/launch/v2.identity.json")
+    assert not inventory.changed(f"{root}/launch/v1.identity.json")
