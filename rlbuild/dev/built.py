@@ -8,6 +8,7 @@ and the `.snakemake_timestamp` of its directory outputs, payload first, record l
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,13 +32,22 @@ def write_built(experiment_file: Path, storage_root: str, versions: list[str]) -
                 continue
             folder = plan.uri(a.version_folder(version))
             if a.is_directory:
-                storage.write_text(storage.join(folder, "manifest.json"), '{"files": {}}\n')
-                storage.write_text(storage.join(folder, ".snakemake_timestamp"), "")
+                _write(storage.join(folder, "manifest.json"), '{"files": {}}\n')
+                _write(storage.join(folder, ".snakemake_timestamp"), "")
             else:
-                storage.write_text(plan.uri(a.path(version)), "{}\n")
+                _write(plan.uri(a.path(version)), "{}\n")
             for name in EXTRA_OUTPUTS.get(a.kind, []):
-                storage.write_text(storage.join(folder, name), "")
-            storage.write_json(plan.uri(a.record(version)), plan.records[a.kind])
+                _write(storage.join(folder, name), "")
+            _write(plan.uri(a.record(version)), json.dumps(plan.records[a.kind], indent=2, sort_keys=True) + "\n")
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, versions))
+
+
+def _write(uri: str, text: str) -> None:
+    """One PUT on the shared client (thousands of objects in seconds), or a local atomic write."""
+    if not storage.is_s3(uri):
+        storage.write_text(uri, text)
+        return
+    bucket, _, key = uri.removeprefix(storage.S3).partition("/")
+    storage.shared_s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode())
