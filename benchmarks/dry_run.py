@@ -1,74 +1,182 @@
-"""Dry-run wall time of the rlbuild graph against the floor: bare `snakemake -n` on an empty Snakefile.
+"""Dry-run wall time of the rlbuild graph against the floor: bare `snakemake -n` of a one-rule Snakefile on the
+same storage, in the same run.
 
-Prints, from the same run on the same machine: the floor, the default experiment's dry run for one version,
-and a config asking for 50 versions of the graph; each as the median of a few runs and as a ratio to the floor.
+Rows, each the median of a few runs and its ratio to the floor of its storage:
+- local storage: the default experiment's dry run for one version, and a config asking for 50 versions;
+- S3 on loopback (moto), and through a loopback proxy holding every request 20 ms (a real bucket's round trip):
+  1 and 50 versions, with nothing built and with every artifact built; the storage requests each run made
+  (counted by the proxy) and per version; `rlbuild status` of the 50 built versions.
 
-    uv run python benchmarks/dry_run.py [--repeats 3]
+"Built" is the state a completed build leaves where the graph looks (rlbuild/dev/built.py: every identity record
+as the jobs write it, every output); the built dry run must find nothing to do. Record contents are remembered
+by ETag on this machine (rlbuild/core/inventory.py): the row "records unread" is the first dry run after the
+build (every record fetched), the other built rows run after it.
+
+    uv run python benchmarks/dry_run.py [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from rlbuild.contracts.artifacts import artifact
+from rlbuild.dev.built import write_built
+from rlbuild.dev.s3 import LatencyProxy, S3Server, latency_proxy, s3_server
+
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+EXPERIMENT = REPO / "config" / "experiments" / "tiny-addition.yaml"
+LATENCY_S = 0.020
+FIFTY = [f"2026.01.{day:02d}" for day in range(1, 29)] + [f"2026.02.{day:02d}" for day in range(1, 23)]
 
 
-def wall(command: list[str], cwd: Path, repeats: int) -> float:
-    times = []
+@dataclass(frozen=True)
+class Timed:
+    seconds: float
+    requests: int  # storage requests of one run (the last), 0 where nothing counts them
+
+
+def wall(command: list[str], cwd: Path, repeats: int, env: dict[str, str], proxy: LatencyProxy | None) -> Timed:
+    times, counted = [], 0
     for _ in range(repeats):
+        if proxy is not None:
+            proxy.reset()
         start = time.perf_counter()
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
         times.append(time.perf_counter() - start)
+        counted = proxy.reset() if proxy is not None else 0
         if result.returncode:
-            raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-    return statistics.median(times)
+            raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    return Timed(statistics.median(times), counted)
+
+
+@contextmanager
+def s3_env(server: S3Server, endpoint: str) -> Iterator[dict[str, str]]:
+    """The environment a run against `endpoint` gets (and this process, while it writes the built state)."""
+    env = {**os.environ, **server.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": endpoint}
+    saved = dict(os.environ)
+    os.environ.update(server.env())
+    try:
+        yield env
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def local_rows(work: Path, repeats: int, count: int) -> list[tuple[str, Timed, Timed, int]]:
+    empty = work / "Empty.smk"
+    config = work / "fifty.yaml"
+    many = FIFTY[:count]
+    config.write_text(yaml.safe_dump({"versions": many, "storage_root": str(work / "results")}))
+    env = dict(os.environ)
+    floor = wall([*SNAKEMAKE, "-n", "--snakefile", str(empty)], work, repeats, env, None)
+    snakefile = [*SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile")]
+    one = wall(
+        [*snakefile, "export/v2026.09.21", "--config", f"storage_root={work / 'results'}"], work, repeats, env, None
+    )
+    fifty = wall([*snakefile, "--configfile", str(config)], work, repeats, env, None)
+    return [
+        ("local: floor: snakemake -n, empty Snakefile", floor, floor, 1),
+        ("local: rlbuild dry run, export/v2026.09.21", one, floor, 1),
+        (f"local: rlbuild dry run, {len(many)} versions (7 jobs each)", fifty, floor, len(many)),
+    ]
+
+
+def s3_rows(
+    work: Path, server: S3Server, endpoint: str, proxy: LatencyProxy | None, repeats: int, count: int
+) -> list[tuple[str, Timed, Timed, int]]:
+    """The floor, the dry runs of 1 and 50 versions empty and built, and status of the built ones, on one S3."""
+    label = "s3+20ms" if proxy is not None else "s3"
+    many = FIFTY[:count]
+    rows: list[tuple[str, Timed, Timed, int]] = []
+    cache = work / f"cache-{len(label)}"
+    with s3_env(server, endpoint) as env:
+        env["RLBUILD_CACHE_DIR"] = str(cache)
+        bucket = server.new_bucket()
+        flags = ["--default-storage-provider", "s3", "--default-storage-prefix"]
+        floor = wall(
+            [*SNAKEMAKE, "-n", "--snakefile", str(work / "Empty.smk"), *flags, f"s3://{bucket}/floor"],
+            work,
+            repeats,
+            env,
+            proxy,
+        )
+        rows.append((f"{label}: floor: snakemake -n, one-rule Snakefile", floor, floor, 1))
+        write_built(EXPERIMENT, f"s3://{bucket}/built", many)
+        # (state, versions, repeats): the first built run reads every record (no cache yet), the later ones not.
+        cases = [("empty", [many[0]], repeats), ("empty", many, repeats), ("built", many, 0)]
+        cases += [("built", [many[0]], repeats), ("built", many, repeats)]
+        for state, versions, times in cases:  # times 0: the one run that reads the records
+            config = work / f"{state}-{len(versions)}.yaml"
+            config.write_text(yaml.safe_dump({"versions": versions}))
+            command = [*SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--configfile", str(config)]
+            command += [*flags, f"s3://{bucket}/{state}"]
+            name = f"{label}: rlbuild dry run, {len(versions)} versions {state}" + ("" if times else ", records unread")
+            rows.append((name, wall(command, work, times or 1, env, proxy), floor, len(versions)))
+        check_nothing_to_do(command, work, env)
+        status = [sys.executable, "-m", "rlbuild", "status", "--experiment", str(EXPERIMENT), "--json"]
+        status += ["--storage-root", f"s3://{bucket}/built", *(artifact("eval").version_folder(v) for v in many)]
+        rows.append(
+            (
+                f"{label}: rlbuild status, {len(many)} versions built",
+                wall(status, work, repeats, env, proxy),
+                floor,
+                len(many),
+            )
+        )
+    return rows
+
+
+def check_nothing_to_do(command: list[str], cwd: Path, env: dict[str, str]) -> None:
+    """The built state is what a build leaves: the dry run of every built version has nothing to do."""
+    out = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+    if "Nothing to be done" not in out.stdout + out.stderr:
+        raise SystemExit(f"the built state is incomplete: the dry run still plans jobs:\n{out.stdout[-3000:]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="2 versions instead of 50, one repeat (seconds)")
+    parser.add_argument("--versions", type=int, default=len(FIFTY), help="the many-versions rows' count (<= 50)")
+    parser.add_argument("--no-local", action="store_true", help="only the S3 rows")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    repeats = 1 if args.smoke else args.repeats
+    count = 2 if args.smoke else min(args.versions, len(FIFTY))
+    with tempfile.TemporaryDirectory() as tmp, s3_server(quiet=True) as server:
         work = Path(tmp)
-        empty = work / "Empty.smk"
-        empty.write_text("rule all:\n    output: 'x'\n    shell: 'touch {output}'\n")
-        config = work / "fifty.yaml"
-        versions = [f"2026.01.{day:02d}" for day in range(1, 29)] + [f"2026.02.{day:02d}" for day in range(1, 23)]
-        config.write_text(yaml.safe_dump({"versions": versions, "storage_root": str(work / "results")}))
+        (work / "Empty.smk").write_text("rule all:\n    output: 'x'\n    shell: 'touch {output}'\n")
+        rows = [] if args.no_local else local_rows(work, repeats, count)
+        rows += s3_rows(work, server, server.endpoint, None, repeats, count)
+        with latency_proxy(server.endpoint, LATENCY_S) as proxy:
+            rows += s3_rows(work, server, proxy.endpoint, proxy, repeats, count)
+    print_table(rows)
 
-        floor = wall([*SNAKEMAKE, "-n", "--snakefile", str(empty)], work, args.repeats)
-        one = wall(
-            [
-                *SNAKEMAKE,
-                "-n",
-                "--snakefile",
-                str(REPO / "Snakefile"),
-                "export/v2026.09.21",
-                "--config",
-                f"storage_root={work / 'results'}",
-            ],
-            work,
-            args.repeats,
-        )
-        fifty = wall(
-            [*SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--configfile", str(config)],
-            work,
-            args.repeats,
-        )
-    print(f"{'case':<44}{'median s':>10}{'x floor':>10}")
-    print(f"{'floor: snakemake -n, empty Snakefile':<44}{floor:>10.2f}{1:>10.2f}")
-    print(f"{'rlbuild dry run, export/v2026.09.21':<44}{one:>10.2f}{one / floor:>10.2f}")
-    print(f"{'rlbuild dry run, 50 versions (7 jobs each)':<44}{fifty:>10.2f}{fifty / floor:>10.2f}")
-    print(f"per extra version: {(fifty - one) / 49 * 1000:.0f} ms")
+
+def print_table(rows: list[tuple[str, Timed, Timed, int]]) -> None:
+    print(f"{'case':<52}{'median s':>10}{'x floor':>9}{'requests':>10}{'req/version':>13}")
+    for name, timed, floor, versions in rows:
+        counted = f"{timed.requests:>10}{timed.requests / versions:>13.1f}" if timed.requests else f"{'':>10}{'':>13}"
+        print(f"{name:<52}{timed.seconds:>10.2f}{timed.seconds / floor.seconds:>9.2f}{counted}")
+    for state in ("empty", "built"):
+        found = [(t, v) for n, t, _, v in rows if n.startswith("s3+20ms: rlbuild dry run") and n.endswith(state)]
+        found = found[-2:]
+        if len(found) == 2 and found[1][0].requests:
+            (one, _), (many, versions) = found
+            extra = (many.requests - one.requests) / max(versions - 1, 1)
+            print(f"s3+20ms {state}: storage requests per extra version {extra:.1f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from snakemake_interface_executor_plugins.settings import SharedFSUsage
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
+from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
 from rlbuild.core.storage import join
 from rlbuild.core.validation import violations
@@ -144,6 +145,75 @@ def recheck_missing_directories() -> None:
     StorageObject.is_dir = is_dir  # type: ignore[method-assign]
 
 
+class PlannedStateChangedError(RlbuildError):
+    """Storage changed under an artifact between the plan and the build."""
+
+
+_LISTED: list[Inventory] = []  # the inventory the S3 plugin's patched methods answer from (one experiment a process)
+
+
+def answer_from_listings(inventory: Inventory) -> None:
+    """Snakemake asks the S3 plugin, object by object, whether every input and output exists and when it was
+    written (about 3 requests each: HEAD, a bucket HEAD, a directory LIST); its own inventory lists only the
+    first object's folder and then stops. Here the plugin's inventory of any object under the experiment root
+    fills Snakemake's IOCache from the rlbuild inventory's listings (one per top-level folder, shared with the
+    record reads): every object, every directory output (existing when it holds objects; mtime the newest,
+    size the sum, as the plugin's own `is_dir`/`mtime`/`size` compute them), and the folders marked as
+    inventoried, so what they do not hold is missing without a request. Objects elsewhere keep the plugin's
+    own inventory. The IOCache serves only the DAG: Snakemake deactivates it before jobs run, so existence after
+    a job (and `recheck_missing_directories`) still asks storage."""
+    from snakemake_storage_plugin_s3 import StorageObject
+
+    _LISTED[:] = [inventory]
+    if getattr(StorageObject.inventory, "answers_from_listings", False):
+        return
+    own_inventory, own_parent = StorageObject.inventory, StorageObject.get_inventory_parent
+
+    def folder_of(self: StorageObject) -> str | None:
+        return _LISTED[0].top_folder(f"s3://{self.bucket}/{self.key}") if _LISTED else None
+
+    def get_inventory_parent(self: StorageObject) -> str | None:
+        # One parent for every object the listings answer for: the experiment root, all of it listed at once.
+        return own_parent(self) if folder_of(self) is None else self.cache_key(_LISTED[0].root.removeprefix("s3://"))
+
+    async def inventory(self: StorageObject, cache: Any) -> None:
+        known = getattr(cache.exists_in_storage, "has_inventory", None)
+        if folder_of(self) is None or known is None:
+            return await own_inventory(self, cache)
+        if self.get_inventory_parent() in known:
+            return None
+        for folder in _LISTED[0].top_folders():
+            _fill(cache, self, folder, _LISTED[0].folder(folder.rsplit("/", 1)[-1]).values())
+        known.add(self.get_inventory_parent())
+        return None
+
+    inventory.answers_from_listings = True  # type: ignore[attr-defined]
+    StorageObject.inventory = inventory  # type: ignore[method-assign]
+    StorageObject.get_inventory_parent = get_inventory_parent  # type: ignore[method-assign]
+
+
+def _fill(cache: Any, anchor: Any, folder: str, objects: Any) -> None:
+    """Snakemake's IOCache entries of every object listed under `folder` and of every directory they lie in."""
+    from snakemake_interface_storage_plugins.io import Mtime
+
+    directories: dict[str, list[Any]] = {}
+    for found in objects:
+        if found.uri.endswith("/"):
+            continue  # a folder marker: the plugin's directories leave them out too
+        key = anchor.cache_key(found.uri.removeprefix("s3://"))
+        cache.exists_in_storage[key] = True
+        cache.mtime[key] = Mtime(storage=found.mtime)
+        cache.size[key] = found.size
+        parts = found.uri[len(folder) + 1 :].split("/")
+        for depth in range(len(parts)):
+            directories.setdefault("/".join([folder, *parts[:depth]]), []).append(found)
+    for directory, inside in directories.items():
+        key = anchor.cache_key(directory.removeprefix("s3://"))
+        cache.exists_in_storage[key] = True
+        cache.mtime[key] = Mtime(storage=max(o.mtime for o in inside))
+        cache.size[key] = sum(o.size for o in inside)
+
+
 S3_SETTINGS_ENV = {
     "endpoint_url": "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL",
     "region": "SNAKEMAKE_STORAGE_S3_REGION",
@@ -232,6 +302,7 @@ class Graph:
     workflow: Any = None
     experiment: Experiment = field(init=False)
     leases: Leases | None = field(default=None, init=False)
+    inventory: Inventory = field(init=False)
     _held: dict[str, dict[str, Any]] | None = field(default=None, init=False)
     _plans: dict[str, Plan] = field(default_factory=dict, init=False)
 
@@ -249,6 +320,9 @@ class Graph:
     def bind_storage(self, workflow: Any, local_root: Path) -> None:
         self.workflow = workflow
         self.storage_root = scope_storage(workflow, local_root, self.experiment.name)
+        self.inventory = Inventory(self.experiment_root)
+        if workflow.storage_settings.default_storage_provider:
+            answer_from_listings(self.inventory)
 
     def terminal_stage(self, version: str) -> str:
         """The last artifact kind this invocation asks for, as the plan reports it."""
@@ -268,7 +342,13 @@ class Graph:
         if version not in self._plans:
             source = str(self.experiment_file)
             plan = checked_plan(
-                self.experiment, version, self.storage_root, source, measure=self.announce, shares_venv=self.shares_venv
+                self.experiment,
+                version,
+                self.storage_root,
+                source,
+                measure=self.announce,
+                shares_venv=self.shares_venv,
+                inventory=self.inventory,
             )
             self._plans[version] = plan
             if self.announce:
@@ -338,10 +418,21 @@ class Graph:
             uri = lease_uri(self.plan(version).experiment_root, kind, version)
             try:
                 self.leases.acquire(uri, f"{artifact(kind).path(version)} of {self.experiment.name}")
+                self._unchanged_since_planned(kind, version)
             except RlbuildError as error:
                 self.leases.release_all()
                 fail(error)
         self.leases.start_heartbeat()
+
+    def _unchanged_since_planned(self, kind: str, version: str) -> None:
+        """Under its lease, the artifact's record is still what the plan was made from: one written after the
+        listing (another run completed it meanwhile) stops this run before it builds anything."""
+        record = self.plan(version).uri(artifact(kind).record(version))
+        if self.inventory.changed(record):
+            raise PlannedStateChangedError(
+                f"{record} changed in storage after this run planned (another run wrote it meanwhile); nothing was "
+                "run. Run again: the new plan starts from what storage holds now."
+            )
 
     def release_leases(self) -> None:
         """`onsuccess:`/`onerror:` the run is over; its artifacts' records say what it built."""
@@ -350,7 +441,7 @@ class Graph:
 
     def _retrain_refused(self, plan: Plan) -> bool:
         immutable = plan.version != MUTABLE_VERSION
-        return immutable and not self.allow_retrain and StoredRecords(plan).complete("train")
+        return immutable and not self.allow_retrain and StoredRecords(plan, self.inventory).complete("train")
 
     def stage_model_inputs(self, wildcards: Any) -> dict[str, Any]:
         plan = self.checked(wildcards.version)

@@ -21,8 +21,12 @@ def _bench(*argv: str, timeout: float = 600) -> str:
 
 @pytest.mark.slow
 def test_dry_run_benchmark_prints_its_ratios() -> None:
-    out = _bench("benchmarks/dry_run.py", "--repeats", "1")
-    assert "floor: snakemake -n, empty Snakefile" in out and "rlbuild dry run, 50 versions" in out
+    """Every row on its smallest budget (2 versions for 50, one run each): local, S3, S3 through the proxy."""
+    out = _bench("benchmarks/dry_run.py", "--smoke")
+    assert "local: floor: snakemake -n, empty Snakefile" in out and "local: rlbuild dry run, 2 versions" in out
+    for label in ("s3", "s3+20ms"):
+        assert f"{label}: rlbuild dry run, 2 versions built" in out and f"{label}: rlbuild status, 2 versions" in out
+    assert "s3+20ms built: storage requests per extra version" in out
 
 
 @pytest.mark.slow

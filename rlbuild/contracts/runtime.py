@@ -10,9 +10,14 @@ comments or docstrings: each module contributes the digest of its syntax tree.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import sys
 from functools import cache
 from pathlib import Path
+
+from rlbuild.core.inventory import cache_dir
+from rlbuild.core.storage import write_text
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # tests/test_structure.py holds these folders to importing only each other (and third-party packages).
@@ -46,9 +51,28 @@ def runtime_files(root: Path = REPO_ROOT) -> list[Path]:
 @cache
 def source_digest(root: Path = REPO_ROOT) -> str:
     """sha256 over the runtime modules' syntax trees (comments and docstrings do not count), its data files and
-    the lock file."""
+    the lock file. Parsing every module costs about a second, on every dry run: the digest is kept on this
+    machine under the sha256 of the exact bytes it is computed from (and the Python version, whose syntax trees
+    it dumps), so the same files give the same digest without parsing them again."""
+    files = runtime_files(root)
+    raw = hashlib.sha256(sys.version.encode())
+    for path in [*files, *(root / name for name in (*DATA_FILES, LOCK_FILE))]:
+        if path.is_file():
+            raw.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    kept = cache_dir() / "runtime-digest" / raw.hexdigest()
+    with contextlib.suppress(OSError):
+        found = kept.read_text().strip()
+        if len(found) == 64 and all(c in "0123456789abcdef" for c in found):  # a torn write is recomputed
+            return found
+    digest = _digest(root, files)
+    with contextlib.suppress(OSError):
+        write_text(str(kept), digest)
+    return digest
+
+
+def _digest(root: Path, files: list[Path]) -> str:
     digest = hashlib.sha256()
-    for path in runtime_files(root):
+    for path in files:
         tree = _without_docstrings(ast.parse(path.read_text(), str(path)))
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(ast.dump(tree, include_attributes=False).encode() + b"\0")

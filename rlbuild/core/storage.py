@@ -8,13 +8,16 @@ process umask allows, like any other file the user writes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +320,131 @@ def list_names(uri: str) -> list[str]:
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
     except FileNotFoundError:
         return []
+
+
+# Bulk reads: what is stored under a folder in one paginated listing, and many small objects read at once.
+READ_WORKERS = 16  # concurrent reads of small objects (identity records, leases)
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One stored object as a listing sees it; `tag` changes whenever the object does (S3: its ETag; a local file:
+    its size and mtime in nanoseconds)."""
+
+    uri: str
+    size: int
+    mtime: float
+    tag: str
+
+
+@functools.cache
+def _shared_client(settings: tuple[tuple[str, Any], ...]) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(**_s3_timeouts(), max_pool_connections=READ_WORKERS), **dict(settings))
+
+
+def shared_s3_client() -> Any:
+    """One boto3 client per set of settings, shared by the threads of bulk reads (boto3 clients are thread-safe)."""
+    return _shared_client(tuple(sorted(_s3_settings().items())))
+
+
+@_reported
+def list_tree(uri: str) -> dict[str, StoredObject]:
+    """Every object under the folder `uri`, at any depth, by URI (empty when nothing is there): one listing,
+    paginated (S3 ListObjectsV2, 1000 keys a page), or one walk of a local folder."""
+    if not is_s3(uri):
+        found: dict[str, StoredObject] = {}
+        for folder, _, names in os.walk(uri):
+            for name in names:
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):
+                    info = os.stat(path)
+                    found[path] = StoredObject(path, info.st_size, info.st_mtime, f"{info.st_size}-{info.st_mtime_ns}")
+        return found
+    bucket, key = _bucket_key(uri.rstrip("/") + "/")
+    return {
+        f"{S3}{bucket}/{item['Key']}": StoredObject(
+            f"{S3}{bucket}/{item['Key']}", int(item["Size"]), item["LastModified"].timestamp(), str(item["ETag"])
+        )
+        for page in _pages(bucket, Prefix=key)
+        for item in page.get("Contents", [])
+    }
+
+
+@_reported
+def list_children(uri: str) -> set[str]:
+    """Names of the entries directly under the folder `uri`, files and folders alike (S3: one listing with a
+    delimiter, paginated, however much lies deeper)."""
+    if not is_s3(uri):
+        try:
+            return set(os.listdir(uri))
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+    bucket, key = _bucket_key(uri.rstrip("/") + "/")
+    names: set[str] = set()
+    for page in _pages(bucket, Prefix=key, Delimiter="/"):
+        names.update(p["Prefix"][len(key) :].rstrip("/") for p in page.get("CommonPrefixes", []))
+        names.update(item["Key"][len(key) :] for item in page.get("Contents", []))
+    return names - {""}
+
+
+def _pages(bucket: str, **query: str) -> Iterator[dict[str, Any]]:
+    from botocore.exceptions import ClientError
+
+    try:
+        yield from shared_s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, **query)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NoSuchBucket":
+            raise  # a missing bucket holds nothing: Snakemake creates it on the first upload
+
+
+@_reported
+def stat(uri: str) -> StoredObject | None:
+    """The object at `uri` as `list_tree` would list it, asked now; None when absent."""
+    if not is_s3(uri):
+        try:
+            info = os.stat(uri)
+        except FileNotFoundError:
+            return None
+        return (
+            None
+            if os.path.isdir(uri)
+            else StoredObject(uri, info.st_size, info.st_mtime, f"{info.st_size}-{info.st_mtime_ns}")
+        )
+    from botocore.exceptions import ClientError
+
+    bucket, key = _bucket_key(uri)
+    try:
+        head = shared_s3_client().head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None
+        raise
+    return StoredObject(uri, int(head["ContentLength"]), head["LastModified"].timestamp(), str(head["ETag"]))
+
+
+def read_many(uris: list[str]) -> dict[str, tuple[str, str] | None]:
+    """`read_tagged` of every URI, READ_WORKERS at a time: {uri: (content, tag) or None when absent}. The tags
+    are those `list_tree` reports (S3: the ETag)."""
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        return dict(zip(uris, pool.map(_read_listed, uris), strict=True))
+
+
+@_reported
+def _read_listed(uri: str) -> tuple[str, str] | None:
+    if not is_s3(uri):
+        info = stat(uri)
+        text = read_text(uri)
+        return None if info is None or text is None else (text, info.tag)
+    from botocore.exceptions import ClientError
+
+    bucket, key = _bucket_key(uri)
+    try:
+        response = shared_s3_client().get_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
+    return response["Body"].read().decode(), str(response["ETag"])

@@ -113,14 +113,10 @@ def read_lease(uri: str) -> dict[str, Any] | None:
 
 
 def held_leases(experiment_root: str) -> dict[str, dict[str, Any]]:
-    """Every lease under an experiment root, by `<kind>/v<version>`, with one listing per kind."""
+    """Every lease under an experiment root, by `<kind>/v<version>`: one listing of them all, read concurrently."""
     root = storage.join(experiment_root, LEASES)
-    return {
-        f"{kind}/{name}": document
-        for kind in storage.list_names(root)
-        for name in storage.list_names(storage.join(root, kind))
-        if (document := read_lease(storage.join(root, kind, name))) is not None
-    }
+    uris = [uri for uri in storage.list_tree(root) if uri[len(root) + 1 :].count("/") == 1]
+    return {uri[len(root) + 1 :]: parse(found[0]) for uri, found in storage.read_many(sorted(uris)).items() if found}
 
 
 class Leases:

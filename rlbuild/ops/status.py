@@ -25,6 +25,7 @@ from rlbuild.contracts.metricstream import attempt_starts, read_run_metrics
 from rlbuild.contracts.progress import HEARTBEAT_S, read_progress
 from rlbuild.core import storage, streams
 from rlbuild.core.errors import RlbuildError
+from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
 from rlbuild.job.attempt import log_uri
 from rlbuild.job.rendezvous import Rendezvous
@@ -58,6 +59,7 @@ def gather(
     storage_root = unscoped(storage_root, experiment.name)
     root = storage.join(storage_root, experiment.name)
     leases = held_leases(root)
+    inventory = Inventory(root)  # one listing per folder answers every version's records
     found: Entry = {}
     for version in versions:
         try:
@@ -65,7 +67,7 @@ def gather(
         except RlbuildError as error:
             found[version] = {"error": redact_text(str(error))}
             continue
-        found[version] = version_status(plan, leases, kinds, opts, now)
+        found[version] = version_status(plan, leases, kinds, opts, now, inventory)
     document = {"experiment": experiment.name, "storage_root": storage_root, "versions": found}
     document["coordinators"] = following(root, opts.iris_url)
     return document | {"verdict": overall(found)}
@@ -95,8 +97,15 @@ def overall(versions: Entry) -> str:
     return "done" if not left and entries else f"{len(left)} of {len(entries)} artifacts not built"
 
 
-def version_status(plan: Plan, leases: dict[str, Entry], kinds: list[str] | None, opts: Options, now: float) -> Entry:
-    stored = StoredRecords(plan)
+def version_status(
+    plan: Plan,
+    leases: dict[str, Entry],
+    kinds: list[str] | None,
+    opts: Options,
+    now: float,
+    inventory: Inventory | None = None,
+) -> Entry:
+    stored = StoredRecords(plan, inventory)
     stale, drifts = record_drift(plan.records, stored.read)
     entries: Entry = {}
     for a in ARTIFACTS:

@@ -12,6 +12,7 @@ measured by an earlier run of the version would not fit.
 
 from __future__ import annotations
 
+import json
 import os
 from functools import cache
 from pathlib import Path
@@ -21,7 +22,8 @@ from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import artifact
 from rlbuild.contracts.metricstream import read_run_metrics
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
-from rlbuild.core.storage import read_json
+from rlbuild.core.inventory import Inventory
+from rlbuild.core.storage import join
 from rlbuild.plan import slurm
 from rlbuild.plan.identity import check_drift, check_training_runtime
 from rlbuild.plan.modelcheck import check_model
@@ -31,14 +33,21 @@ from rlbuild.plan.spec import Experiment, NodeLimits, check_node_sizes, check_ve
 
 
 class StoredRecords:
-    """The identity records storage holds for one version, read once each."""
+    """The identity records storage holds for one version, read once, all at once: which exist from the
+    inventory's listing (shared by every version of a run), those that do concurrently."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, inventory: Inventory | None = None) -> None:
         self.plan = plan
+        self.inventory = inventory or Inventory(plan.experiment_root)
         self.read = cache(self._read)
 
+    def uri(self, kind: str) -> str:
+        return self.plan.uri(artifact(kind).record(self.plan.version))
+
     def _read(self, kind: str) -> dict[str, Any] | None:
-        return read_json(self.plan.uri(artifact(kind).record(self.plan.version)))
+        texts = self.inventory.read_texts([self.uri(k) for k in dict.fromkeys([*self.plan.records, kind])])
+        text = texts[self.uri(kind)]
+        return None if text is None else json.loads(text)
 
     def complete(self, kind: str) -> bool:
         """The record is written last: an artifact with a record is complete."""
@@ -75,12 +84,16 @@ def check_all(
     shares_venv: bool = True,
 ) -> tuple[dict[str, Plan], list[Violation]]:
     """What `rlbuild check` runs: every check the dry run makes, the partition included; (plans, violations).
-    Each version's `checked_plan` makes the experiment's own checks (resolving runs check_experiment)."""
+    Each version's `checked_plan` makes the experiment's own checks (resolving runs check_experiment); one
+    inventory of the experiment root answers them all."""
     problems = _placement_problems(experiment, node_limits, ask_slurm=True)
     plans: dict[str, Plan] = {}
+    inventory = Inventory(join(storage_root, experiment.name))
     for version in versions:
         try:
-            plans[version] = checked_plan(experiment, version, storage_root, source, shares_venv=shares_venv)
+            plans[version] = checked_plan(
+                experiment, version, storage_root, source, inventory=inventory, shares_venv=shares_venv
+            )
         except RlbuildError as exc:
             problems += exc.as_violations()
     return plans, problems
@@ -104,24 +117,28 @@ def checked_plan(
     *,
     measure: bool = True,
     shares_venv: bool = True,
+    inventory: Inventory | None = None,
 ) -> Plan:
     """Resolve `version` and check it against storage; raise the first class of problems found (all of them).
 
     `measure`: also check the chain against the step time an earlier run measured (inside a job it is off: a
     later link reads the earlier links' metrics, and the submitter has checked); `shares_venv`: the jobs run this
-    checkout's .venv (rlbuild/plan/noderuntime.py)."""
+    checkout's .venv (rlbuild/plan/noderuntime.py). `inventory`: what storage holds under the experiment root,
+    shared by the versions of one run (else listed for this version)."""
     problems = check_version(version)
     if problems:
         raise PreflightError(source, problems)
     plan = resolve(experiment, version, storage_root, source=source, shares_venv=shares_venv)
-    stored = StoredRecords(plan)
+    stored = StoredRecords(plan, inventory)
     check_drift(version, plan.records, stored.read)
     if not stored.complete("train"):
-        state = checkpoints.latest_state(plan.uri(plan.temporary.checkpoints))
+        ckpts = plan.uri(plan.temporary.checkpoints)
+        state = checkpoints.latest_state(ckpts) if stored.inventory.may_exist(ckpts) else None
         runtime = plan.launch.runtime
         check_training_runtime(version, runtime.source_digest, stored.read("launch"), state, runtime.image)
     staged_model = artifact("stage_model").path(version)
-    model_config = read_json(plan.uri(f"{staged_model}/config.json"))
+    text = stored.inventory.read_text(plan.uri(f"{staged_model}/config.json"))
+    model_config = None if text is None else json.loads(text)
     problems = check_model(model_config or {}, experiment, plan.recipe)
     if problems:
         raise PreflightError(f"{source} (staged model {staged_model})", problems)

@@ -1,0 +1,53 @@
+"""What a completed build of a version leaves where the graph looks, written directly (seconds, no training):
+for the dry-run benchmark and the test that counts a dry run's storage requests.
+
+Every artifact's identity record (the record the jobs write: `resolve` makes it, as preflight does), its outputs
+and the `.snakemake_timestamp` of its directory outputs, payload first, record last. The payloads are stand-ins
+(the graph reads only their existence and times); a dry run of a version written here has nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rlbuild.contracts.artifacts import ARTIFACTS
+from rlbuild.core import storage
+from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.resolve import resolve
+
+# Outputs of the rules besides each artifact's own path and record (rules/*.smk).
+EXTRA_OUTPUTS = {"launch": ["plan.txt"], "eval": ["results.html", "curves.png"]}
+
+
+def write_built(experiment_file: Path, storage_root: str, versions: list[str]) -> None:
+    """Leave every version of the experiment built under `storage_root` (local or `s3://`)."""
+    experiment = load_experiment(experiment_file)
+
+    def one(version: str) -> None:
+        plan = resolve(experiment, version, storage_root)
+        for a in ARTIFACTS:
+            if a.kind not in plan.records:
+                continue
+            folder = plan.uri(a.version_folder(version))
+            if a.is_directory:
+                _write(storage.join(folder, "manifest.json"), '{"files": {}}\n')
+                _write(storage.join(folder, ".snakemake_timestamp"), "")
+            else:
+                _write(plan.uri(a.path(version)), "{}\n")
+            for name in EXTRA_OUTPUTS.get(a.kind, []):
+                _write(storage.join(folder, name), "")
+            _write(plan.uri(a.record(version)), json.dumps(plan.records[a.kind], indent=2, sort_keys=True) + "\n")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, versions))
+
+
+def _write(uri: str, text: str) -> None:
+    """One PUT on the shared client (thousands of objects in seconds), or a local atomic write."""
+    if not storage.is_s3(uri):
+        storage.write_text(uri, text)
+        return
+    bucket, _, key = uri.removeprefix(storage.S3).partition("/")
+    storage.shared_s3_client().put_object(Bucket=bucket, Key=key, Body=text.encode())

@@ -1,0 +1,66 @@
+"""A dry run on S3 asks storage a number of times that does not grow with the versions (issue 21): counted by a
+loopback proxy in front of the moto server, never timed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlbuild.core import storage
+from rlbuild.core.inventory import Inventory
+from rlbuild.dev.built import write_built
+from rlbuild.dev.s3 import S3Server, latency_proxy
+from tests.conftest import EXPERIMENTS, run_snakemake
+
+VERSIONS = [f"2026.01.{day:02d}" for day in range(1, 29)] + [f"2026.02.{day:02d}" for day in range(1, 23)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_50_version_dry_run_asks_storage_at_most_2_requests_a_version(
+    tmp_path: Path, s3_server: S3Server, s3_root: str
+) -> None:
+    write_built(EXPERIMENTS / "tiny-addition.yaml", f"{s3_root}/built", VERSIONS)
+    with latency_proxy(s3_server.endpoint, 0.0) as proxy:
+        env = {"SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": proxy.endpoint, "RLBUILD_CACHE_DIR": str(tmp_path / "cache")}
+
+        def dry_run(state: str, versions: list[str]) -> tuple[int, str]:
+            config = tmp_path / f"{state}-{len(versions)}.yaml"
+            config.write_text(yaml.safe_dump({"versions": versions}))
+            storage = ["--default-storage-provider", "s3", "--default-storage-prefix", f"{s3_root}/{state}"]
+            proxy.reset()
+            done = run_snakemake(["-n", "--configfile", str(config), *storage], cwd=tmp_path, env=env)
+            assert done.returncode == 0, done.stderr[-3000:]
+            return proxy.reset(), done.stdout + done.stderr
+
+        first, out = dry_run("built", VERSIONS)
+        assert "Nothing to be done" in out  # the built state is complete: every record matched, no drift
+        one, _ = dry_run("built", VERSIONS[:1])
+        fifty, out = dry_run("built", VERSIONS)
+        assert "Nothing to be done" in out
+        empty, out = dry_run("empty", VERSIONS)
+        assert "eval" in out and "Nothing to be done" not in out
+    extra = len(VERSIONS) - 1
+    assert (fifty - one) / extra <= 2, f"built: {one} requests for 1 version, {fifty} for {len(VERSIONS)}"
+    assert (empty - one) / extra <= 2, f"empty: {empty} requests for {len(VERSIONS)} versions (built 1: {one})"
+    # The first dry run after the build reads each of the 7 records of a version once, concurrently, and keeps
+    # them by ETag; the runs after it read none again.
+    assert first - fifty <= 7 * len(VERSIONS), f"first run {first}, later {fifty}"
+
+
+def test_the_inventory_answers_from_its_listings_and_sees_what_changed_after_them(tmp_path: Path) -> None:
+    root = str(tmp_path / "exp")
+    storage.write_text(f"{root}/launch/v1.identity.json", '{"fingerprint": "a"}')
+    storage.write_text(f"{root}/tmp/ttl=7d/train/v1/checkpoints/latest", "3")
+    inventory = Inventory(root)
+    texts = inventory.read_texts([f"{root}/launch/v1.identity.json", f"{root}/launch/v2.identity.json"])
+    assert texts == {f"{root}/launch/v1.identity.json": '{"fingerprint": "a"}', f"{root}/launch/v2.identity.json": None}
+    assert inventory.may_exist(f"{root}/tmp/ttl=7d/train/v1/checkpoints")
+    assert not inventory.may_exist(f"{root}/tmp/ttl=7d/train/v2/checkpoints")  # no per-version request
+    assert inventory.may_exist(f"{root}/launch") and not inventory.may_exist(f"{root}/export/v1")
+    storage.write_text(f"{root}/launch/v2.identity.json", "{}")  # written after the listing
+    assert inventory.read_text(f"{root}/launch/v2.identity.json") is None  # the listing's answer, until asked
+    assert inventory.changed(f"{root}/launch/v2.identity.json")
+    assert not inventory.changed(f"{root}/launch/v1.identity.json")
