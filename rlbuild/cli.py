@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -37,8 +38,31 @@ def _package_version() -> str:
         return "unknown"
 
 
+# An S3 bucket's name (AWS's rules, which moto and MinIO keep): what `s3://<bucket>/...` must start with.
+BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
 def _storage_root(root: str) -> str:
-    return root if "://" in root else str(Path(root).resolve())
+    """A local folder (made absolute) or `s3://<bucket>[/<prefix>]`; anything else (an unset variable's empty
+    bucket, a placeholder, another scheme) is bad input, not an empty experiment."""
+    if "://" not in root:
+        return str(Path(root).resolve())
+    scheme, _, rest = root.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if scheme == "s3" and BUCKET_NAME.match(bucket) and ".." not in bucket:
+        return root
+    why = f"scheme {scheme!r} is not s3" if scheme != "s3" else f"{bucket!r} is not a bucket name"
+    raise PreflightError(
+        "--storage-root",
+        [
+            Violation(
+                "storage_root",
+                f"{root!r} is not a storage location ({why}; an unset $RLBUILD_BUCKET leaves it empty)",
+                "give s3://<bucket>/<prefix> with a real bucket (export RLBUILD_BUCKET and RLBUILD_PREFIX), or a "
+                "local folder",
+            )
+        ],
+    )
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -328,7 +352,12 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until interrupted")
     status.add_argument(
-        "--stall-after", type=float, default=600.0, metavar="S", help="seconds without a step that count as stalled"
+        "--stall-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds without a step that count as stalled (default: 20 measured steps, at least 60 s; 600 s "
+        "before a step time is measured)",
     )
     status.add_argument(
         "--iris-controller-url", help="ask this Iris controller about jobs (default: SNAKEMAKE_IRIS_CONTROLLER_URL)"

@@ -38,7 +38,11 @@ from rlbuild.plan.versioning import StoredRecords
 from rlbuild.schedulers.base import Phase, SchedulerUnavailableError
 from rlbuild.schedulers.registry import UnknownSchedulerError, scheduler_for
 
+# Without a measured step time, a training is stalled after 10 minutes without a step; with one, after
+# STALL_STEPS steps' worth (checkpoints and evals take a few steps' time), never under STALL_FLOOR_S.
 STALL_AFTER_S = 600.0
+STALL_STEPS = 20
+STALL_FLOOR_S = 60.0
 TAIL_LINES = 20
 RECENT_STEPS = 10  # steps averaged for steps/min, ETA and engine throughput
 EXITED = re.compile(r"\[rlbuild\] attempt \S+ exited with code (-?\d+)")
@@ -47,7 +51,7 @@ Entry = dict[str, Any]
 
 @dataclass(frozen=True)
 class Options:
-    stall_after_s: float = STALL_AFTER_S
+    stall_after_s: float | None = None  # None: from the measured step time (stall_threshold)
     iris_url: str | None = None  # the controller to ask about Iris jobs (None: storage only)
 
 
@@ -150,7 +154,8 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
     ladder: Entry = {
         "max_steps": launch.recipe.trainer.max_steps,
         "last_step": last_step if last_step >= 0 else None,
-        "last_step_age_s": round(now - float(progress["time"]), 1) if progress else None,
+        # The trainer's clock, read on this machine's: a clock behind the node's must not make an age negative.
+        "last_step_age_s": round(max(now - float(progress["time"]), 0.0), 1) if progress else None,
         "trainer_starts": len(starts),
         "resumed_from": starts[-1] if starts and starts[-1] >= 0 else None,
         "last_checkpoint": checkpoints.latest_step(a.checkpoint_root),
@@ -159,7 +164,8 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
     }
     attempt = last_attempt(a.attempts_root)
     ladder["attempt"] = attempt
-    stepping = progress is not None and now - float(progress["time"]) <= opts.stall_after_s
+    ladder["stall_after_s"] = stall_threshold(opts, ladder.get("step_time_s"))
+    stepping = progress is not None and now - float(progress["time"]) <= ladder["stall_after_s"]
     if entry["state"] == "running" and job_ended(ladder["gang"]):
         state = "failed"
     elif entry["state"] == "running" or (stepping and not _exited(attempt)):
@@ -169,6 +175,14 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
     else:
         state = entry["state"]
     return {"state": state, "ladder": ladder, "verdict": verdict(state, ladder, entry, opts)}
+
+
+def stall_threshold(opts: Options, step_time_s: float | None) -> float:
+    """Seconds without a step that count as stalled: the one asked for, else STALL_STEPS measured steps (at least
+    STALL_FLOOR_S), else STALL_AFTER_S."""
+    if opts.stall_after_s is not None:
+        return opts.stall_after_s
+    return max(STALL_STEPS * step_time_s, STALL_FLOOR_S) if step_time_s else STALL_AFTER_S
 
 
 def _exited(attempt: Entry | None) -> bool:
@@ -182,6 +196,7 @@ def pace(records: list[Entry], max_steps: int, last_step: int) -> Entry:
     rates = [float(r["perf/rollout_tokens_per_s"]) for r in recent if r.get("perf/rollout_tokens_per_s") is not None]
     step_time = sum(times) / len(times) if times else None
     return {
+        "step_time_s": round(step_time, 3) if step_time else None,
         "steps_per_min": round(60 / step_time, 2) if step_time else None,
         "eta_s": round(step_time * max(max_steps - last_step, 0)) if step_time else None,
         "rollout_tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
@@ -262,7 +277,7 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
     if state != "running":
         return state
     age = ladder.get("last_step_age_s")
-    if age is not None and age > opts.stall_after_s:
+    if age is not None and age > ladder.get("stall_after_s", STALL_AFTER_S):
         return f"stalled: no step for {age / 60:.1f} min (last step {ladder.get('last_step')})"
     gang = ladder.get("gang") or {}
     if gang and len(gang["nodes_alive"]) < gang["nodes_expected"]:
