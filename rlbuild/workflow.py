@@ -41,7 +41,7 @@ TRAIN_AND_UPSTREAM = {a.rule for a in ARTIFACTS[: [a.kind for a in ARTIFACTS].in
 class WorkflowConfig(BaseModel):
     """`config/config.yaml` and `--config key=value`: what this checkout builds and where."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     experiment: str = Field(min_length=1, description="config/experiments/<name>.yaml, or a path to a .yaml file")
     versions: list[str] = Field(min_length=1, description="the versions `snakemake` builds with no target")
@@ -183,7 +183,7 @@ def _export_s3_settings(workflow: Any) -> None:
 def experiment_file(repo: Path, selector: str) -> Path:
     """`experiment: <name>` selects config/experiments/<name>.yaml; a path (to a .yaml file) is used as given."""
     if selector.endswith((".yaml", ".yml")) or "/" in selector or Path(selector).exists():
-        return Path(selector).resolve()
+        return Path(os.path.abspath(selector))  # links kept: a symlink loop is reported by load_yaml, not raised
     folder = repo / "config" / "experiments"
     path = folder / f"{selector}.yaml"
     if not path.is_file():
