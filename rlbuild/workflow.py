@@ -10,6 +10,7 @@ import atexit
 import difflib
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,6 +140,23 @@ def recheck_missing_directories() -> None:
 
     is_dir.rechecks_misses = True  # type: ignore[attr-defined]
     StorageObject.is_dir = is_dir  # type: ignore[method-assign]
+
+
+def clear_local_copies(jobs: Any) -> None:
+    """`onstart:` remove the local copies (`.snakemake/storage/...`) of the storage outputs of every job about to
+    run. Before a job reruns, Snakemake 9.27 removes its stored outputs but not their local copies, so after a kill
+    during an upload the folder the job writes is already full ("output directory ... is not empty") and the
+    half-uploaded one is taken for the output (`max() iterable argument is empty`). A job's outputs are rewritten
+    by the job in any case; clearing them is what Snakemake does for local outputs."""
+    for job in jobs:
+        for output in job.output:
+            if not getattr(output, "is_storage", False):
+                continue
+            local = Path(output.storage_object.local_path())
+            if local.is_dir() and not local.is_symlink():
+                shutil.rmtree(local)
+            elif local.is_symlink() or local.exists():
+                local.unlink()
 
 
 S3_SETTINGS_ENV = {

@@ -4,6 +4,7 @@ bounded time (or succeeds), no half-written artifact ever reads as complete, and
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ from rlbuild.contracts.launch import load_launch
 from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.dev.s3 import S3Server
-from tests.conftest import run_snakemake
+from tests.conftest import REPO, run_snakemake
+from tests.e2e.test_interrupts import wait_until
 from tests.e2e.test_pipeline import VERSION, small_experiment
 from tests.faults import Fault, s3_proxy
 from tests.spine.test_graph import job_counts
@@ -33,12 +35,13 @@ def _keys(server: S3Server, bucket: str, prefix: str) -> set[str]:
     return {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
 
 
-def test_a_dropped_upload_leaves_no_complete_looking_artifact_and_a_rerun_completes(
+def test_a_dropped_upload_or_a_kill_mid_upload_leaves_no_complete_looking_artifact_and_a_rerun_completes(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
     bucket = s3_server.new_bucket()
     experiment = small_experiment(tmp_path)
     target = f"stage/model/v{VERSION}"
+    record = f"p/tiny-addition/{target}.identity.json"
     args = ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/p"]
     args += ["--storage-s3-retries", "2", "--config", f"experiment={experiment}", "--", target]
     with s3_proxy(s3_server.endpoint) as proxy:
@@ -50,16 +53,34 @@ def test_a_dropped_upload_leaves_no_complete_looking_artifact_and_a_rerun_comple
         assert failed.returncode != 0
         assert time.monotonic() - started < 300, "the failure must come within a bounded time"
         assert proxy.fault.hits >= 1
-    stored = _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
-    assert f"p/tiny-addition/{target}.identity.json" not in stored  # not complete-looking, from any checkout
+    assert record not in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")  # not complete-looking
     fresh = tmp_path / "fresh-checkout"
     fresh.mkdir()
     planned = run_snakemake(["-n", *args], cwd=fresh, env=s3_server.env())
-    assert planned.returncode == 0 and job_counts(planned.stdout + planned.stderr).get("stage_model") == 1
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert job_counts(planned.stdout + planned.stderr).get("stage_model") == 1, planned.stdout + planned.stderr
 
-    rerun = run_snakemake(["--cores", "2", *args], cwd=fresh, env=s3_server.env())
+    # SIGKILL of Snakemake's group while the staged model uploads (its third file stalls), in the same checkout:
+    # the README's recipe (`--unlock`, then `--rerun-incomplete`) must recover without removing anything by hand
+    # (Snakemake leaves the local copy of the half-uploaded folder in .snakemake/storage).
+    with s3_proxy(s3_server.endpoint) as proxy:
+        proxy.fault = Fault("PUT", f"/p/tiny-addition/{target}/", "stall", after=2)
+        env = {**os.environ, **s3_server.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": proxy.url}
+        command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2", *args]
+        process = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+        assert wait_until(lambda: proxy.fault.hits >= 1 or process.poll() is not None, 300)
+        assert process.poll() is None, "the upload never started"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert record not in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert any((tmp_path / ".snakemake" / "storage").rglob("config.json")), "the local copy the kill leaves"
+
+    assert run_snakemake(["--unlock", *args], cwd=tmp_path, env=s3_server.env()).returncode == 0
+    rerun = run_snakemake(["--cores", "2", "--rerun-incomplete", *args], cwd=tmp_path, env=s3_server.env())
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"p/tiny-addition/{target}.identity.json" in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert "Traceback" not in rerun.stderr
+    assert record in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert not _keys(s3_server, bucket, "p/tiny-addition/.leases/"), "no lease outlives the run"
 
 
 def _trainer(launch: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
