@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -119,3 +122,73 @@ def test_a_stalled_checkpoint_upload_fails_in_bounded_time_and_training_resumes(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {checkpoints.step_uri(root, 1)} at step 1" in resumed.stdout + resumed.stderr
     assert storage.read_json(launch.artifacts.terminal_manifest_uri)["global_step"] == 3
+
+
+@contextmanager
+def moto_process() -> Iterator[tuple[S3Server, subprocess.Popen[bytes]]]:
+    """A moto server in a process of its own, so that a test can stop it (SIGSTOP) like a hung endpoint."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = S3Server(endpoint=f"http://127.0.0.1:{port}")
+
+    def answers() -> bool:
+        with socket.socket() as client:
+            return client.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        assert wait_until(answers, 60, poll=0.2), "moto did not start"
+        yield server, process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def test_a_stopped_storage_server_ends_each_storage_path_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP of the S3 server (it accepts connections and never answers): every fsspec and boto3 path fails with
+    one StorageUnavailableError within (connect + read) x attempts plus backoff, and `rlbuild status` says
+    `storage unreachable` within seconds instead of blocking."""
+    waits = {"RLBUILD_S3_CONNECT_TIMEOUT_S": "1", "RLBUILD_S3_READ_TIMEOUT_S": "2", "RLBUILD_S3_ATTEMPTS": "2"}
+    bound = 2 * (1 + 2) + 2  # attempts x (connect + read) + botocore's backoff between the two attempts
+    with moto_process() as (server, process):
+        root = f"s3://{server.new_bucket()}/p"
+        for name, value in {**server.env(), "SNAKEMAKE_STORAGE_S3_REGION": "us-east-1", **waits}.items():
+            monkeypatch.setenv(name, value)
+        storage.write_text(f"{root}/a.txt", "x")
+        calls = {
+            "read_text": lambda: storage.read_text(f"{root}/a.txt"),
+            "exists": lambda: storage.exists(f"{root}/a.txt"),
+            "list_names": lambda: storage.list_names(root),
+            "write_text": lambda: storage.write_text(f"{root}/b.txt", "z"),
+            "read_tagged (boto3)": lambda: storage.read_tagged(f"{root}/a.txt"),
+        }
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            for name, call in calls.items():
+                started = time.monotonic()
+                with pytest.raises(storage.StorageUnavailableError, match="did not answer"):
+                    call()
+                elapsed = time.monotonic() - started
+                print(f"{name}: StorageUnavailableError after {elapsed:.1f} s (bound {bound} s)")
+                assert elapsed < 3 * bound, f"{name} took {elapsed:.0f} s"
+            env = {k: v for k, v in os.environ.items() if k not in waits}  # status's own, shorter wait
+            started = time.monotonic()
+            status = subprocess.run(
+                [sys.executable, "-m", "rlbuild", "status", "--storage-root", root],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            elapsed = time.monotonic() - started
+            print(f"rlbuild status: storage unreachable after {elapsed:.1f} s")
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+    assert status.returncode == 1 and "storage unreachable" in status.stderr, status.stderr[-2000:]
+    assert "Traceback" not in status.stderr
+    assert elapsed < 30, f"rlbuild status took {elapsed:.0f} s"
