@@ -10,7 +10,7 @@ from rlbuild.contracts.artifacts import BY_KIND as ARTIFACT
 from rlbuild.core.errors import RlbuildError
 from rlbuild.job.interrupts import forward_to_jobs
 from rlbuild.core.wire import ALLOW_RETRAIN
-from rlbuild.workflow import Graph, experiment_file, fail, report_where_typed, workflow_config
+from rlbuild.workflow import Graph, clear_local_copies, experiment_file, fail, report_where_typed, workflow_config
 
 
 configfile: str(Path(workflow.basedir) / "config" / "config.yaml")
@@ -66,6 +66,7 @@ localrules:
 onstart:
     GRAPH.guard_retraining(workflow.dag)
     GRAPH.take_leases(workflow.dag.needrun_jobs())
+    clear_local_copies(workflow.dag.needrun_jobs())  # a kill during an upload leaves them behind
     GRAPH.restrict_job_environment(workflow)
     forward_to_jobs()  # Ctrl-C stops running jobs cleanly (a training at its next step) instead of waiting them out
 

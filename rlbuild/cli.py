@@ -114,6 +114,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_INVALID if errors else 0
 
 
+# `rlbuild status` waits at most about 5 s for storage (one attempt), then says `storage unreachable`.
+STATUS_STORAGE_WAIT = {
+    "RLBUILD_S3_CONNECT_TIMEOUT_S": "2",
+    "RLBUILD_S3_READ_TIMEOUT_S": "3",
+    "RLBUILD_S3_ATTEMPTS": "1",
+}
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Every artifact's state from storage (and the scheduler, for a running job); `--watch N` refreshes."""
     import time
@@ -129,8 +137,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.version:
         versions = [args.version]
     options = Options(stall_after_s=args.stall_after, iris_url=args.iris_controller_url or iris_url_from_environment())
+    for name, value in STATUS_STORAGE_WAIT.items():  # a person is waiting: seconds, not storage's minutes
+        os.environ.setdefault(name, value)
     while True:
-        document = gather(experiment, versions, storage_root, kinds, options)
+        try:
+            document = gather(experiment, versions, storage_root, kinds, options)
+        except storage.StorageUnavailableError as error:
+            print(f"storage unreachable: {redact_text(str(error))}", file=sys.stderr)
+            return 1
         text = json.dumps(document, indent=2) if args.json else format_status(document)
         if args.watch and not args.json and sys.stdout.isatty():
             print("\033[2J\033[H", end="")

@@ -10,6 +10,7 @@ import atexit
 import difflib
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ TRAIN_AND_UPSTREAM = {a.rule for a in ARTIFACTS[: [a.kind for a in ARTIFACTS].in
 class WorkflowConfig(BaseModel):
     """`config/config.yaml` and `--config key=value`: what this checkout builds and where."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     experiment: str = Field(min_length=1, description="config/experiments/<name>.yaml, or a path to a .yaml file")
     versions: list[str] = Field(min_length=1, description="the versions `snakemake` builds with no target")
@@ -214,6 +215,23 @@ def _fill(cache: Any, anchor: Any, folder: str, objects: Any) -> None:
         cache.size[key] = sum(o.size for o in inside)
 
 
+def clear_local_copies(jobs: Any) -> None:
+    """`onstart:` remove the local copies (`.snakemake/storage/...`) of the storage outputs of every job about to
+    run. Before a job reruns, Snakemake 9.27 removes its stored outputs but not their local copies, so after a kill
+    during an upload the folder the job writes is already full ("output directory ... is not empty") and the
+    half-uploaded one is taken for the output (`max() iterable argument is empty`). A job's outputs are rewritten
+    by the job in any case; clearing them is what Snakemake does for local outputs."""
+    for job in jobs:
+        for output in job.output:
+            if not getattr(output, "is_storage", False):
+                continue
+            local = Path(output.storage_object.local_path())
+            if local.is_dir() and not local.is_symlink():
+                shutil.rmtree(local)
+            elif local.is_symlink() or local.exists():
+                local.unlink()
+
+
 S3_SETTINGS_ENV = {
     "endpoint_url": "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL",
     "region": "SNAKEMAKE_STORAGE_S3_REGION",
@@ -256,7 +274,7 @@ def _export_s3_settings(workflow: Any) -> None:
 def experiment_file(repo: Path, selector: str) -> Path:
     """`experiment: <name>` selects config/experiments/<name>.yaml; a path (to a .yaml file) is used as given."""
     if selector.endswith((".yaml", ".yml")) or "/" in selector or Path(selector).is_file():
-        return Path(selector).resolve()
+        return Path(os.path.abspath(selector))  # links kept: a symlink loop is reported by load_yaml, not raised
     folder = repo / "config" / "experiments"
     path = folder / f"{selector}.yaml"
     if not path.is_file():

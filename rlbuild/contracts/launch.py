@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from rlbuild.contracts.recipe import Recipe
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
+from rlbuild.core.validation import StrictModel
 
 SCHEMA_VERSION = 2
 
@@ -26,11 +27,7 @@ class LaunchDocumentError(RlbuildError):
     """A launch document that cannot be read or does not follow the schema; regenerate it with resolve_launch."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class Run(_Section):
+class Run(StrictModel):
     id: str = Field(description="`<experiment>-<version>`: names the run in logs and W&B")
     name: str = Field(description="the experiment's name")
     version: str = Field(description="YYYY.MM.DD[.N] (immutable) or dev")
@@ -38,7 +35,7 @@ class Run(_Section):
     fingerprint: str = Field(description="the launch artifact's fingerprint")
 
 
-class Runtime(_Section):
+class Runtime(StrictModel):
     entrypoint: Literal["grpo", "fully_async"] = Field(description="the training loop")
     strategy: Literal["fsdp2", "megatron"] = Field(description="how the policy is sharded")
     source_digest: str = Field(description="digest of the code that runs in the job (rlbuild.contracts.runtime)")
@@ -50,7 +47,7 @@ class Runtime(_Section):
 CPU_VARIANT = "cpu"  # a topology of CPU ranks (the embedded default): whole nodes, no GPU request
 
 
-class Allocation(_Section):
+class Allocation(StrictModel):
     num_nodes: int = Field(ge=1, description="whole nodes of the gang")
     gpus_per_node: int = Field(ge=1, description="GPUs on each node")
     gpu_variant: str = Field(description="e.g. H100; `cpu` for CPU ranks")
@@ -59,25 +56,25 @@ class Allocation(_Section):
     disk: str | None = Field(description="disk per node")
 
 
-class Iris(_Section):
+class Iris(StrictModel):
     cluster: str | None = Field(description="the Iris cluster, or null when the experiment sets none")
     allocation: Allocation = Field(description="what one gang asks for")
     priority: str | None = Field(description="Iris priority band")
     max_retries: int | None = Field(description="Iris restarts of the whole gang")
 
 
-class Ingress(_Section):
+class Ingress(StrictModel):
     mode: Literal["ray_actors"] = Field(
         description="the driver calls the rollout engines as Ray actors in the gang (no HTTP endpoint)"
     )
 
 
-class Ray(_Section):
+class Ray(StrictModel):
     address: str | None = Field(description="a Ray cluster to join; null: RAY_ADDRESS if set, else a private Ray")
     rendezvous_dir: str = Field(description="where a gang's ranks meet (one folder per job and attempt)")
 
 
-class Artifacts(_Section):
+class Artifacts(StrictModel):
     checkpoint_root: str = Field(description="checkpoints (temporary storage, expires with its TTL)")
     attempts_root: str = Field(description="per-attempt state: rendezvous, heartbeats, Ray logs")
     export_root: str = Field(description="where the export rule publishes the terminal checkpoint")
@@ -89,18 +86,18 @@ class Artifacts(_Section):
     resume_checkpoint_count: int = Field(ge=1, le=5, description="checkpoints kept for resuming")
 
 
-class Input(_Section):
+class Input(StrictModel):
     uri: str = Field(description="a staged file or directory (a manifest at or above it)")
     identity: str = Field(description="the staged artifact's identity, copied into terminal.json")
 
 
-class Inputs(_Section):
+class Inputs(StrictModel):
     model: Input = Field(description="the staged model folder (with its tokenizer)")
     train_data: list[Input] = Field(min_length=1, description="staged JSONL files of {prompt, answer} rows")
     validation_data: list[Input] = Field(description="held-out JSONL files")
 
 
-class LaunchDocument(_Section):
+class LaunchDocument(StrictModel):
     schema_version: Literal[2] = Field(description="bumped when a field changes meaning")
     run: Run
     runtime: Runtime

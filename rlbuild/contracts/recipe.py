@@ -13,20 +13,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rlbuild.core.errors import Violation
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+from rlbuild.core.validation import StrictModel
 
 
 def _plan(description: str) -> str:
     return f"(role plan) {description}"
 
 
-class Placement(_Section):
+class Placement(StrictModel):
     colocate_all: bool = Field(True, description=_plan("policy, reference and engines share the same GPUs"))
     colocate_policy_ref: bool = Field(True, description=_plan("the reference lives in the policy workers"))
     policy_num_nodes: int = Field(1, ge=1, description=_plan("nodes of the policy"))
@@ -39,7 +36,7 @@ class Placement(_Section):
         return self.policy_num_nodes * self.policy_num_gpus_per_node
 
 
-class OptimizerConfig(_Section):
+class OptimizerConfig(StrictModel):
     lr: float = Field(3.0e-4, gt=0, le=1, description="peak learning rate of AdamW")
     adam_betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
         [0.9, 0.99], min_length=2, max_length=2, description="AdamW [beta1, beta2], each in [0, 1)"
@@ -53,11 +50,11 @@ class OptimizerConfig(_Section):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine schedule's final lr as a fraction of lr")
 
 
-class Policy(_Section):
+class Policy(StrictModel):
     optimizer_config: OptimizerConfig = Field(default_factory=OptimizerConfig, description="the policy's optimizer")
 
 
-class DynamicSampling(_Section):
+class DynamicSampling(StrictModel):
     type: Literal["filter"] | None = Field(
         None,
         description="null: one batch of prompts a step. filter: draw up to max_sample_batches batches until "
@@ -69,7 +66,7 @@ class DynamicSampling(_Section):
     )
 
 
-class Algorithm(_Section):
+class Algorithm(StrictModel):
     advantage_estimator: Literal["grpo"] = Field("grpo", description="group-relative advantages (GRPO)")
     grpo_norm_by_std: bool = Field(True, description="divide advantages by the group's std (false: Dr. GRPO)")
     advantage_eps: float = Field(
@@ -99,7 +96,7 @@ class Algorithm(_Section):
     tis_imp_ratio_cap: float = Field(-1.0, description="TIS weight cap; must be > 0 when use_tis is true")
 
 
-class TrainerSection(_Section):
+class TrainerSection(StrictModel):
     strategy: Literal["fsdp2", "megatron"] = Field("fsdp2", description="(runtime.strategy) policy sharding")
     seed: int = Field(42, ge=0, lt=2**32, description="(seed) every random choice derives from it and the step")
     placement: Placement = Field(default_factory=Placement, description="where roles run")
@@ -126,14 +123,14 @@ class TrainerSection(_Section):
     algorithm: Algorithm = Field(default_factory=Algorithm, description="the GRPO objective")
 
 
-class SamplingParams(_Section):
+class SamplingParams(StrictModel):
     max_generate_length: int = Field(4, ge=1, le=1_000_000, description="tokens generated per completion at most")
     temperature: float = Field(1.0, ge=0, le=100, description="sampling temperature; 0 is greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     top_k: int = Field(-1, ge=-1, description="sample among the k most likely tokens; -1 disables")
 
 
-class GeneratorSection(_Section):
+class GeneratorSection(StrictModel):
     backend: Literal["auto", "vllm", "torch"] = Field(
         "auto", description="rollout engine: vllm, torch (HF generate with a KV cache), auto: vllm on GPUs"
     )
@@ -156,11 +153,11 @@ class GeneratorSection(_Section):
     )
 
 
-class EnvironmentSection(_Section):
+class EnvironmentSection(StrictModel):
     env_class: str = Field("exact_match", min_length=1, max_length=200, description="the reward environment")
 
 
-class Recipe(_Section):
+class Recipe(StrictModel):
     """The whole trainer recipe, as the launch document carries it."""
 
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="training")

@@ -1,8 +1,9 @@
 """The source grammar of the experiment file: where a model, tokenizer or data set comes from.
 
 `parse_source` only checks the syntax; `Source.check` reports everything else that is knowable
-without the network (an unpinned Hugging Face revision, a local path that does not exist), so the
-preflight can collect every problem of an experiment during DAG construction.
+without the network (an unpinned Hugging Face revision, a local path that does not exist, is a symlink loop, a
+link to nothing or a FIFO, or a local folder holding such entries), so the preflight can collect every problem
+of an experiment during DAG construction.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlbuild.core.errors import RlbuildError
+from rlbuild.core.paths import path_problem, tree_problems
 
 # Relative `local:` paths are relative to the repository, not to the working directory: Snakemake
 # runs with the experiment root as its working directory.
@@ -94,12 +96,25 @@ class Source:
                 f"source {self}: no rule of the graph named {self.location!r} makes a model folder; "
                 + (f"did you mean artifact:{close[0]}?" if close else f"use one of {list(ARTIFACT_SOURCES)}")
             )
-        if self.scheme == "local" and not self.local_path().exists():
-            problems.append(
-                f"source {self}: path {self.local_path()} does not exist; relative local paths are "
-                f"relative to the repository root {REPO_ROOT}"
-            )
+        if self.scheme == "local":
+            problems += self._local_problems()
         return problems
+
+    def _local_problems(self) -> list[str]:
+        """What would stop staging from reading every file of a `local:` source, as one sentence."""
+        path = self.local_path()
+        problem = path_problem(path)
+        if problem == "does not exist":
+            return [
+                f"source {self}: path {path} does not exist; relative local paths are relative to the repository "
+                f"root {REPO_ROOT}"
+            ]
+        if problem is not None:
+            return [f"source {self}: {path} {problem}; point the source at a readable file or folder"]
+        inside = tree_problems(path) if path.is_dir() else []
+        if inside:
+            return [f"source {self}: in {path}, {'; '.join(inside)}; fix or remove each (staging reads every file)"]
+        return []
 
 
 def parse_source(text: str, revision: str) -> Source:

@@ -29,8 +29,11 @@ S3 = "s3://"
 
 
 # Every S3 call waits a bounded time: a stalled or unreachable endpoint is a StorageUnavailableError within
-# about (connect + read timeout) x attempts plus backoff, never a hang. Defaults: 10 s + 60 s, 4 attempts
-# (about 5 minutes); RLBUILD_S3_CONNECT_TIMEOUT_S, RLBUILD_S3_READ_TIMEOUT_S and RLBUILD_S3_ATTEMPTS change them.
+# (connect + read timeout) x attempts plus botocore's backoff (under 1 + 2 + 4 s for 4 attempts), never a hang.
+# Defaults: 10 s + 60 s, 4 attempts (at most about 4.8 minutes); RLBUILD_S3_CONNECT_TIMEOUT_S,
+# RLBUILD_S3_READ_TIMEOUT_S and RLBUILD_S3_ATTEMPTS change them. The attempts are botocore's, for boto3 and
+# aiobotocore (s3fs) alike: `total_max_attempts` counts the first try (botocore's `max_attempts` does not, which
+# made 5), and s3fs's own retry loop (5 more rounds of those attempts by default) is cut to one round.
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 S3_ATTEMPTS = 4
@@ -63,7 +66,7 @@ def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
             raise StorageUnavailableError(
                 f"storage at {endpoint} did not answer {function.__name__}({uri}) within "
                 f"{timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
-                f"{timeouts['retries']['max_attempts']} attempts ({type(error).__name__}: {str(error)[:200]}). "
+                f"{timeouts['retries']['total_max_attempts']} attempts ({type(error).__name__}: {str(error)[:200]}). "
                 "Check the endpoint and the network; completed artifacts are safe, and a rerun resumes."
             ) from None
 
@@ -100,6 +103,7 @@ def fsspec_options(uri: str) -> dict[str, Any]:
     """
     if not is_s3(uri):
         return {}
+    _one_retry_round()
     settings = _s3_settings()
     # No listing or instance cache: a verification must see storage as it is now.
     return {
@@ -130,8 +134,29 @@ def _s3_timeouts() -> dict[str, Any]:
     return {
         "connect_timeout": float(env.get("RLBUILD_S3_CONNECT_TIMEOUT_S") or CONNECT_TIMEOUT_S),
         "read_timeout": float(env.get("RLBUILD_S3_READ_TIMEOUT_S") or READ_TIMEOUT_S),
-        "retries": {"max_attempts": int(env.get("RLBUILD_S3_ATTEMPTS") or S3_ATTEMPTS), "mode": "standard"},
+        "retries": {"total_max_attempts": _attempts(), "mode": "standard"},
     }
+
+
+def deadline_s() -> float:
+    """The most one S3 request may take, retries included: attempts x (connect + read) + botocore's backoff.
+    s3fs calls of one object get it as a whole-call deadline too (fsspec's `timeout`): a PUT to an endpoint that
+    accepts the connection and never answers was not ended by the read timeout alone."""
+    timeouts = _s3_timeouts()
+    attempts = _attempts()
+    return attempts * (timeouts["connect_timeout"] + timeouts["read_timeout"]) + 2 ** (attempts - 1)
+
+
+def _attempts() -> int:
+    return max(1, int(os.environ.get("RLBUILD_S3_ATTEMPTS") or S3_ATTEMPTS))
+
+
+def _one_retry_round() -> None:
+    """s3fs repeats a failed call (after botocore's own attempts) `retries` times, 5 by default; botocore's bounded
+    attempts are the only retries (also for torch.distributed.checkpoint, which opens s3fs itself)."""
+    from s3fs import S3FileSystem
+
+    S3FileSystem.retries = 1
 
 
 def s3_client() -> Any:
@@ -140,6 +165,11 @@ def s3_client() -> Any:
     from botocore.config import Config
 
     return boto3.client("s3", config=Config(**_s3_timeouts()), **_s3_settings())
+
+
+def _whole_call(uri: str) -> dict[str, float]:
+    """fsspec's whole-call deadline for an s3fs call of one object (none for local paths)."""
+    return {"timeout": deadline_s()} if is_s3(uri) else {}
 
 
 def _bucket_key(uri: str) -> tuple[str, str]:
@@ -229,7 +259,7 @@ def join(root: str, *parts: str) -> str:
 @_reported
 def exists(uri: str) -> bool:
     fs, path = filesystem(uri)
-    return bool(fs.exists(path))
+    return bool(fs.exists(path, **_whole_call(uri)))
 
 
 @_reported
@@ -254,7 +284,7 @@ def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: local files under a temporary name, then renamed; S3 in one PUT."""
     if is_s3(uri):
         fs, path = filesystem(uri)
-        fs.pipe_file(path, data)
+        fs.pipe_file(path, data, **_whole_call(uri))
         return
     path = Path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -308,7 +338,7 @@ def get_dir(uri: str, local: Path) -> Path:
 @_reported
 def remove(uri: str) -> None:
     fs, path = filesystem(uri)
-    if fs.exists(path):
+    if fs.exists(path, **_whole_call(uri)):
         fs.rm(path, recursive=True)
 
 
@@ -317,7 +347,7 @@ def list_names(uri: str) -> list[str]:
     """Names of the entries directly under `uri` (empty when it does not exist)."""
     fs, path = filesystem(uri)
     try:
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False, **_whole_call(uri)))
     except FileNotFoundError:
         return []
 

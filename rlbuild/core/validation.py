@@ -5,9 +5,18 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlbuild.core.errors import Violation
+
+
+class StrictModel(BaseModel):
+    """The base of every typed document rlbuild reads (the experiment file, the recipe, the launch document):
+    unknown keys refused, no coercion (`2.5` is not an int, `"1"` not a number), frozen, and no float NaN or
+    infinite: no setting means either (YAML reads `.inf` and `.nan` as floats; `kl_loss_coef: .inf` would pass a
+    `ge=0` bound and crash the training inside a Ray actor)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 def violations(error: ValidationError, raw: Any, model: type[BaseModel], prefix: str = "") -> list[Violation]:
@@ -28,6 +37,8 @@ def _describe(error: Any, raw: Any, root: type[BaseModel], prefix: str) -> Viola
     if kind == "missing":
         return Violation(field, "is required", "add it; every role-plan and topology field is explicit")
     value = _value_at(raw, error["loc"])
+    if kind == "finite_number":
+        return Violation(field, f"must be a finite number (got {_short(value)})", "NaN and infinity mean nothing here")
     return Violation(field, f"{error['msg']} (got {_short(value)})")
 
 

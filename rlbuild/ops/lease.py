@@ -182,7 +182,12 @@ class Leases:
         if self._thread is not None:
             self._thread.join(timeout=self.heartbeat_s)
         for uri in list(self.held):
-            document = read_lease(uri)
-            if document is not None and document.get("run") == self.holder.run:
-                storage.remove(uri)
+            try:
+                document = read_lease(uri)
+                if document is not None and document.get("run") == self.holder.run:
+                    storage.remove(uri)
+            except (storage.StorageError, RuntimeError) as error:
+                # Storage gone, or (at interpreter exit) the S3 client's executor already shut down: the lease
+                # is left to expire; its heartbeat stopped, so it is taken over after STALE_S (at once on this host).
+                print(f"rlbuild: left the lease {uri} to expire after {self.stale_s:.0f} s ({error})", file=sys.stderr)
             del self.held[uri]

@@ -11,16 +11,18 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from rlbuild.core.errors import Violation
+from rlbuild.core.validation import StrictModel
 from rlbuild.core.wire import job_env_problems
 
-CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(?:\.(\d{1,4}))?$")
+# ASCII digits only (`\d` alone also takes full-width and Arabic-Indic ones, which int() reads as the same number).
+CALENDAR_VERSION = re.compile(r"(\d{4})\.(\d{2})\.(\d{2})(?:\.(\d{1,4}))?", re.ASCII)
 MUTABLE_VERSION = "dev"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a GPU variant, a cluster name: one path or label segment
-SIZE_PATTERN = re.compile(r"^(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+SIZE_PATTERN = re.compile(r"(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.ASCII)
 SIZE_UNITS = {
     "KB": 10**3,
     "MB": 10**6,
@@ -46,16 +48,12 @@ MAX_NAME_LENGTH = 63  # the experiment's folder, S3 keys and scheduler job names
 MAX_SOURCE_LENGTH = 1024  # an S3 key's limit
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
 # An OCI reference pinned by content: `registry/name@sha256:<64 hex>` (a tag may stand before the digest).
 PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 MAX_IMAGE_LENGTH = 512
 
 
-class Runtime(_Strict):
+class Runtime(StrictModel):
     entrypoint: Literal["grpo", "fully_async"]
     strategy: Literal["fsdp2", "megatron"]
     image: str | None = Field(
@@ -86,34 +84,34 @@ Parallel = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
 Batch = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 
 
-class Tokenizer(_Strict):
+class Tokenizer(StrictModel):
     source: Source
     revision: Revision
 
 
-class Model(_Strict):
+class Model(StrictModel):
     source: Source
     revision: Revision
     tokenizer: Tokenizer
 
 
-class DataSource(_Strict):
+class DataSource(StrictModel):
     source: Source
     revision: Revision
 
 
-class Data(_Strict):
+class Data(StrictModel):
     train: list[DataSource] = Field(min_length=1, max_length=1024)
     validation: list[DataSource] = Field(min_length=1, max_length=1024)
 
 
-class Topology(_Strict):
+class Topology(StrictModel):
     num_nodes: Nodes
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     gpu_variant: str = Field(min_length=1, max_length=32, pattern=LABEL)
 
 
-class RolePlan(_Strict):
+class RolePlan(StrictModel):
     """Every field is explicit. `ref_num_nodes: 0` means the reference shares the policy's GPUs."""
 
     colocate_all: bool
@@ -131,14 +129,14 @@ class RolePlan(_Strict):
     n_samples_per_prompt: int = Field(ge=1, le=MAX_SAMPLES_PER_PROMPT)
 
 
-class Retention(_Strict):
+class Retention(StrictModel):
     resume_checkpoint_count: int = Field(ge=1, le=5)
     temporary_storage_ttl_days: int = Field(ge=1, le=3650)
 
 
 def size_bytes(value: str) -> int:
     """Bytes of a size like '512GB' or '64GiB'; ValueError naming the accepted forms otherwise."""
-    match = SIZE_PATTERN.match(value.strip()) if isinstance(value, str) else None
+    match = SIZE_PATTERN.fullmatch(value.strip()) if isinstance(value, str) else None
     if not match:
         raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
     return int(float(match[1]) * SIZE_UNITS[match[3]])
@@ -151,7 +149,7 @@ def node_size(value: str) -> str:
     return value.strip()
 
 
-class IrisExecution(_Strict):
+class IrisExecution(StrictModel):
     """Placement on Iris. Never part of an artifact's identity."""
 
     cluster: str = Field(min_length=1, max_length=63, pattern=LABEL)
@@ -169,13 +167,13 @@ class IrisExecution(_Strict):
         return node_size(value)
 
 
-TIME_LIMIT_PATTERN = re.compile(r"^(?:(\d{1,3})-)?(\d{1,4}):(\d{2}):(\d{2})$")
+TIME_LIMIT_PATTERN = re.compile(r"(?:(\d{1,3})-)?(\d{1,4}):(\d{2}):(\d{2})", re.ASCII)
 MAX_TIME_LIMIT_S = 365 * 86400
 
 
 def time_limit_seconds(text: str) -> int:
     """Slurm's `[D-]HH:MM:SS` as seconds (the form `sbatch --time` and `sinfo` print)."""
-    match = TIME_LIMIT_PATTERN.match(text.strip())
+    match = TIME_LIMIT_PATTERN.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a Slurm time limit; write it like '11:59:00' or '1-00:00:00'")
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
@@ -184,7 +182,7 @@ def time_limit_seconds(text: str) -> int:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-class SlurmExecution(_Strict):
+class SlurmExecution(StrictModel):
     """Placement on Slurm. Never part of an artifact's identity.
 
     `account` and `partition` are checked by preflight (not required here) so that every Slurm problem of an
@@ -222,7 +220,7 @@ class SlurmExecution(_Strict):
         return time_limit_seconds(self.time_limit)
 
 
-class JobSize(_Strict):
+class JobSize(StrictModel):
     """What one export or eval job asks its scheduler for (Snakemake's own default is 1 CPU and 1000 MB).
     Placement: never part of an artifact's identity."""
 
@@ -243,7 +241,7 @@ HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-
 HUB_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class Publish(_Strict):
+class Publish(StrictModel):
     """The optional publish stage: the export uploaded to a Hugging Face Hub model repo, tagged per version.
     Placement: never part of an artifact's identity. The token comes from HF_TOKEN in the environment only."""
 
@@ -280,7 +278,7 @@ MAX_ENV_VARIABLES = 256
 MAX_ENV_VALUE = 4096
 
 
-class Execution(_Strict):
+class Execution(StrictModel):
     iris: IrisExecution | None = None
     slurm: SlurmExecution | None = None
     export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
@@ -309,7 +307,7 @@ class Execution(_Strict):
         return {name: str(item) for name, item in value.items()}
 
 
-class Experiment(_Strict):
+class Experiment(StrictModel):
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
     seed: int = Field(ge=0, le=MAX_SEED)
     runtime: Runtime
@@ -326,7 +324,7 @@ class Experiment(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME_PATTERN.match(value) or ".." in value:
+        if not NAME_PATTERN.fullmatch(value) or ".." in value:
             raise ValueError(
                 f"{value!r} is not a path segment; use lower-case letters, digits, '.', '_' and '-' "
                 "(it names the experiment's folder in storage)"
@@ -381,9 +379,10 @@ def check_version(version: str) -> list[Violation]:
     if version == MUTABLE_VERSION:
         return []
     fix = "use YYYY.MM.DD or YYYY.MM.DD.N for an immutable run (e.g. 2026.09.21), or 'dev' while iterating"
-    match = CALENDAR_VERSION.match(version)
+    match = CALENDAR_VERSION.fullmatch(version)
     if not match:
-        return [Violation("version", f"{_short(version)} is not a calendar version", fix)]
+        odd = "" if version.isascii() else " (it holds characters beyond ASCII, such as full-width digits)"
+        return [Violation("version", f"{_short(version)} is not a calendar version{odd}", fix)]
     try:
         date(int(match[1]), int(match[2]), int(match[3]))
     except ValueError as exc:

@@ -4,9 +4,13 @@ bounded time (or succeeds), no half-written artifact ever reads as complete, and
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,8 @@ from rlbuild.contracts.launch import load_launch
 from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.dev.s3 import S3Server
-from tests.conftest import run_snakemake
+from tests.conftest import REPO, run_snakemake
+from tests.e2e.test_interrupts import wait_until
 from tests.e2e.test_pipeline import VERSION, small_experiment
 from tests.faults import Fault, s3_proxy
 from tests.spine.test_graph import job_counts
@@ -33,12 +38,13 @@ def _keys(server: S3Server, bucket: str, prefix: str) -> set[str]:
     return {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
 
 
-def test_a_dropped_upload_leaves_no_complete_looking_artifact_and_a_rerun_completes(
+def test_a_dropped_upload_or_a_kill_mid_upload_leaves_no_complete_looking_artifact_and_a_rerun_completes(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
     bucket = s3_server.new_bucket()
     experiment = small_experiment(tmp_path)
     target = f"stage/model/v{VERSION}"
+    record = f"p/tiny-addition/{target}.identity.json"
     args = ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/p"]
     args += ["--storage-s3-retries", "2", "--config", f"experiment={experiment}", "--", target]
     with s3_proxy(s3_server.endpoint) as proxy:
@@ -50,16 +56,34 @@ def test_a_dropped_upload_leaves_no_complete_looking_artifact_and_a_rerun_comple
         assert failed.returncode != 0
         assert time.monotonic() - started < 300, "the failure must come within a bounded time"
         assert proxy.fault.hits >= 1
-    stored = _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
-    assert f"p/tiny-addition/{target}.identity.json" not in stored  # not complete-looking, from any checkout
+    assert record not in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")  # not complete-looking
     fresh = tmp_path / "fresh-checkout"
     fresh.mkdir()
     planned = run_snakemake(["-n", *args], cwd=fresh, env=s3_server.env())
-    assert planned.returncode == 0 and job_counts(planned.stdout + planned.stderr).get("stage_model") == 1
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert job_counts(planned.stdout + planned.stderr).get("stage_model") == 1, planned.stdout + planned.stderr
 
-    rerun = run_snakemake(["--cores", "2", *args], cwd=fresh, env=s3_server.env())
+    # SIGKILL of Snakemake's group while the staged model uploads (its third file stalls), in the same checkout:
+    # the README's recipe (`--unlock`, then `--rerun-incomplete`) must recover without removing anything by hand
+    # (Snakemake leaves the local copy of the half-uploaded folder in .snakemake/storage).
+    with s3_proxy(s3_server.endpoint) as proxy:
+        proxy.fault = Fault("PUT", f"/p/tiny-addition/{target}/", "stall", after=2)
+        env = {**os.environ, **s3_server.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": proxy.url}
+        command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2", *args]
+        process = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+        assert wait_until(lambda: proxy.fault.hits >= 1 or process.poll() is not None, 300)
+        assert process.poll() is None, "the upload never started"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+    assert record not in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert any((tmp_path / ".snakemake" / "storage").rglob("config.json")), "the local copy the kill leaves"
+
+    assert run_snakemake(["--unlock", *args], cwd=tmp_path, env=s3_server.env()).returncode == 0
+    rerun = run_snakemake(["--cores", "2", "--rerun-incomplete", *args], cwd=tmp_path, env=s3_server.env())
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert f"p/tiny-addition/{target}.identity.json" in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert "Traceback" not in rerun.stderr
+    assert record in _keys(s3_server, bucket, "p/tiny-addition/stage/model/")
+    assert not _keys(s3_server, bucket, "p/tiny-addition/.leases/"), "no lease outlives the run"
 
 
 def _trainer(launch: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -98,3 +122,73 @@ def test_a_stalled_checkpoint_upload_fails_in_bounded_time_and_training_resumes(
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {checkpoints.step_uri(root, 1)} at step 1" in resumed.stdout + resumed.stderr
     assert storage.read_json(launch.artifacts.terminal_manifest_uri)["global_step"] == 3
+
+
+@contextmanager
+def moto_process() -> Iterator[tuple[S3Server, subprocess.Popen[bytes]]]:
+    """A moto server in a process of its own, so that a test can stop it (SIGSTOP) like a hung endpoint."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = S3Server(endpoint=f"http://127.0.0.1:{port}")
+
+    def answers() -> bool:
+        with socket.socket() as client:
+            return client.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        assert wait_until(answers, 60, poll=0.2), "moto did not start"
+        yield server, process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def test_a_stopped_storage_server_ends_each_storage_path_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP of the S3 server (it accepts connections and never answers): every fsspec and boto3 path fails with
+    one StorageUnavailableError within (connect + read) x attempts plus backoff, and `rlbuild status` says
+    `storage unreachable` within seconds instead of blocking."""
+    waits = {"RLBUILD_S3_CONNECT_TIMEOUT_S": "1", "RLBUILD_S3_READ_TIMEOUT_S": "2", "RLBUILD_S3_ATTEMPTS": "2"}
+    bound = 2 * (1 + 2) + 2  # attempts x (connect + read) + botocore's backoff between the two attempts
+    with moto_process() as (server, process):
+        root = f"s3://{server.new_bucket()}/p"
+        for name, value in {**server.env(), "SNAKEMAKE_STORAGE_S3_REGION": "us-east-1", **waits}.items():
+            monkeypatch.setenv(name, value)
+        storage.write_text(f"{root}/a.txt", "x")
+        calls = {
+            "read_text": lambda: storage.read_text(f"{root}/a.txt"),
+            "exists": lambda: storage.exists(f"{root}/a.txt"),
+            "list_names": lambda: storage.list_names(root),
+            "write_text": lambda: storage.write_text(f"{root}/b.txt", "z"),
+            "read_tagged (boto3)": lambda: storage.read_tagged(f"{root}/a.txt"),
+        }
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            for name, call in calls.items():
+                started = time.monotonic()
+                with pytest.raises(storage.StorageUnavailableError, match="did not answer"):
+                    call()
+                elapsed = time.monotonic() - started
+                print(f"{name}: StorageUnavailableError after {elapsed:.1f} s (bound {bound} s)")
+                assert elapsed < 3 * bound, f"{name} took {elapsed:.0f} s"
+            env = {k: v for k, v in os.environ.items() if k not in waits}  # status's own, shorter wait
+            started = time.monotonic()
+            status = subprocess.run(
+                [sys.executable, "-m", "rlbuild", "status", "--storage-root", root],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            elapsed = time.monotonic() - started
+            print(f"rlbuild status: storage unreachable after {elapsed:.1f} s")
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+    assert status.returncode == 1 and "storage unreachable" in status.stderr, status.stderr[-2000:]
+    assert "Traceback" not in status.stderr
+    assert elapsed < 30, f"rlbuild status took {elapsed:.0f} s"

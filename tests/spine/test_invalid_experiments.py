@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rlbuild.cli import main
 from rlbuild.core.errors import PreflightError
+from rlbuild.core.yamlfile import load_yaml
 from rlbuild.workflow import workflow_config
 from tests.spine.experiments import DELETE, experiment, write
 
@@ -548,6 +551,31 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         "dev",
         [("recipe.trainer.resume_path", "resume_mode=from_path needs a global_step_N folder")],
     ),
+    # NaN and infinity: YAML reads `.inf` and `.nan` as floats, and no setting means either.
+    (
+        "kl-coefficient-infinite",
+        {"recipe": {"trainer": {"algorithm": {"kl_loss_coef": float("inf")}}}},
+        "dev",
+        [("recipe.trainer.algorithm.kl_loss_coef", "must be a finite number (got inf)")],
+    ),
+    (
+        "tis-cap-nan",
+        {"recipe": {"trainer": {"algorithm": {"tis_imp_ratio_cap": float("nan")}}}},
+        "dev",
+        [("recipe.trainer.algorithm.tis_imp_ratio_cap", "must be a finite number (got nan)")],
+    ),
+    (
+        "weight-decay-infinite",
+        {"recipe": {"trainer": {"policy": {"optimizer_config": {"weight_decay": float("inf")}}}}},
+        "dev",
+        [("recipe.trainer.policy.optimizer_config.weight_decay", "must be a finite number (got inf)")],
+    ),
+    (
+        "iris-cpu-minus-infinity",
+        {"execution__iris__cpu": float("-inf")},
+        "dev",
+        [("execution.iris.cpu", "must be a finite number (got -inf)")],
+    ),
     # Versions: real calendar dates, bounded suffixes.
     ("version-month-13", {}, "2026.13.40", [("version", "'2026.13.40' is not a date (month must be in 1..12)")]),
     ("version-february-30", {}, "2026.02.30", [("version", "'2026.02.30' is not a date (day is out of range")]),
@@ -563,6 +591,20 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
     ("version-shell", {}, "2026.09.21;rm -rf x", [("version", "'2026.09.21;rm -rf x' is not a calendar version")]),
     ("version-not-calendar", {}, "v1", [("version", "'v1' is not a calendar version")]),
     ("version-bad-date", {}, "2026.9.21", [("version", "'2026.9.21' is not a calendar version")]),
+    # ASCII digits only: int() reads full-width and Arabic-Indic digits as the same date.
+    (
+        "version-full-width-digits",
+        {},
+        "\uff12\uff10\uff12\uff16.09.21",
+        [("version", "'\uff12\uff10\uff12\uff16.09.21' is not a calendar version (it holds characters beyond ASCII")],
+    ),
+    (
+        "version-arabic-indic-digits",
+        {},
+        "\u0662\u0660\u0662\u0666.\u0660\u0669.\u0662\u0661",
+        [("version", "'\u0662\u0660\u0662\u0666.\u0660\u0669.\u0662\u0661' is not a calendar version")],
+    ),
+    ("version-trailing-newline", {}, "2026.09.21\n", [("version", "'2026.09.21\\n' is not a calendar version")]),
 ]
 
 
@@ -608,6 +650,21 @@ FILE_CASES: list[tuple[str, bytes, list[tuple[str, str]]]] = [
     ("a-list", b"- name: a\n", [("<root>", "must be a mapping of the experiment's fields")]),
     ("unclosed-bracket", b"name: [a\n", [("experiment", "is not valid YAML at line 2")]),
     ("tab-indented", b"role_plan:\n\tcolocate_all: true\n", [("experiment", "is not valid YAML at line 2")]),
+    (
+        "merge-a-scalar",
+        b"model:\n  <<: 5\n",
+        [("experiment", "has a merge key (`<<`) at line 2, column 7 that cannot")],
+    ),
+    (
+        "merge-itself",
+        b"model: &m\n  <<: *m\n",
+        [("experiment", "has a merge key (`<<`) at line 1, column 8 that cannot")],
+    ),
+    (
+        "duplicate-beside-a-merge",
+        b"a: &a {x: 1}\nb:\n  <<: *a\n  y: 1\n  y: 2\n",
+        [("experiment", "key 'y' is given twice (lines 4 and 5)")],
+    ),
 ]
 
 
@@ -624,6 +681,83 @@ def test_a_directory_or_a_missing_file_is_one_clear_error(tmp_path: Path, capsys
     assert_refused(tmp_path, "dev", [("experiment", f"{tmp_path} is a directory")], tmp_path / "s", capsys)
     missing = tmp_path / "nope.yaml"
     assert_refused(missing, "dev", [("experiment", "file not found")], tmp_path / "s", capsys)
+
+
+def test_a_path_that_is_not_a_readable_file_is_one_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop, other = tmp_path / "loop.yaml", tmp_path / "other.yaml"
+    loop.symlink_to(other)
+    other.symlink_to(loop)
+    assert_refused(loop, "dev", [("experiment", f"{loop} is a symlink loop")], tmp_path / "s", capsys)
+    dangling = tmp_path / "dangling.yaml"
+    dangling.symlink_to(tmp_path / "gone.yaml")
+    expected = f"{dangling} is a link to {tmp_path / 'gone.yaml'}, which does not exist"
+    assert_refused(dangling, "dev", [("experiment", expected)], tmp_path / "s", capsys)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading it would block forever
+    assert_refused(fifo, "dev", [("experiment", f"{fifo} is a FIFO (named pipe), not a file")], tmp_path / "s", capsys)
+
+
+def test_a_local_source_with_path_problems_is_one_line_per_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "broken").symlink_to(tmp_path / "nowhere")
+    (model / "sub" / "a").symlink_to(model / "sub" / "b")
+    (model / "sub" / "b").symlink_to(model / "sub" / "a")
+    os.mkfifo(model / "pipe")
+    data = tmp_path / "loop.jsonl"
+    data.symlink_to(data)
+    local = {"source": f"local:{model}", "revision": "r1"}
+    path = write(
+        tmp_path, experiment(model={**local, "tokenizer": local}, data__train=[{**local, "source": f"local:{data}"}])
+    )
+    inside = (
+        f"in {model}, broken is a link to {tmp_path / 'nowhere'}, which does not exist; pipe is a FIFO (named pipe), "
+        "not a file or folder; sub/a is a symlink loop (its links lead back to themselves); and 1 more; fix or remove"
+    )
+    expected = [
+        ("model.source", f"source local:{model}: {inside}"),
+        ("model.tokenizer.source", f"source local:{model}: {inside}"),
+        ("data.train.0.source", f"source local:{data}: {data} is a symlink loop"),
+    ]
+    assert_refused(path, "dev", expected, tmp_path / "s", capsys)
+
+
+def test_yaml_merge_keys_merge_as_the_spec_says(tmp_path: Path) -> None:
+    """`<<: *base` brings a mapping's keys in, a key beside it wins, also through a merge of a merge (where PyYAML
+    6.0 alone lets the deepest one win), and earlier aliases of a list win over later ones."""
+    text = "base: &b {a: 1, b: 1}\nmid: &m\n  <<: *b\n  a: 2\nx:\n  <<: [*m, {c: 3, a: 9}]\n  b: 4\n"
+    (tmp_path / "m.yaml").write_text(text)
+    loaded = load_yaml(tmp_path / "m.yaml", "experiment")
+    assert loaded["mid"] == {"a": 2, "b": 1}
+    assert loaded["x"] == {"a": 2, "b": 4, "c": 3}
+
+
+def test_an_experiment_written_with_merge_keys_checks_like_the_expanded_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expanded = write(tmp_path, experiment(), "expanded.yaml")
+    doc = experiment()
+    model = yaml.safe_dump({"model": doc.pop("model")}, sort_keys=False).replace("model:", "model: &model", 1)
+    rest = yaml.safe_dump(doc, sort_keys=False).replace(
+        "validation:\n  - source: task:addition/validation\n    revision: seed-0",
+        "validation:\n  - {<<: *train, source: 'task:addition/validation'}",
+    )
+    rest = rest.replace("train:\n  - source", "train:\n  - &train\n    source")
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(model + rest)
+    assert "<<: *train" in merged.read_text()
+    plans = []
+    for path in (expanded, merged):
+        code = main(["check", str(path), "--version", "dev", "--storage-root", str(tmp_path / "s"), "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0, report["errors"]
+        plans.append(report["plans"]["dev"]["artifacts"])
+    assert plans[0] == plans[1]
 
 
 def test_a_secret_in_an_experiment_is_refused_without_printing_it(

@@ -51,3 +51,33 @@ def test_check_and_the_dry_run_both_refuse_a_chain_the_measured_step_time_does_n
     assert "step time measured in an earlier run" in dry.stderr
     assert "execution.slurm.max_links" in dry.stderr
     assert "Job stats" not in dry.stdout + dry.stderr
+
+
+def test_check_and_the_dry_run_both_name_a_path_problem_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `local:` model folder holding a link to nothing (as /etc may), and an experiment path that is a symlink
+    loop: one line each, from `rlbuild check` and from `snakemake -n` alike, never a traceback."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "weights.safetensors").symlink_to(tmp_path / "gone")
+    doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    doc["model"] = {
+        "source": f"local:{model}",
+        "revision": "r1",
+        "tokenizer": {"source": f"local:{model}", "revision": "r1"},
+    }
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(loop)
+    line = f"in {model}, weights.safetensors is a link to {tmp_path / 'gone'}, which does not exist"
+    for experiment, expected in ((path, line), (loop, f"{loop} is a symlink loop")):
+        code = main(["check", str(experiment), "--version", VERSION, "--storage-root", str(tmp_path / "s"), "--json"])
+        errors = json.loads(capsys.readouterr().out)["errors"]
+        assert code == 2 and errors and all(expected in e["message"] for e in errors), errors
+        config = ["--config", f"experiment={experiment}", f"storage_root={tmp_path / 's'}"]
+        dry = run_snakemake(["-n", f"stage/model/v{VERSION}", *config], cwd=tmp_path)
+        assert dry.returncode == 2 and expected in dry.stderr, dry.stderr[-3000:]
+        assert "Traceback" not in dry.stderr
