@@ -38,8 +38,8 @@ def _package_version() -> str:
         return "unknown"
 
 
-# An S3 bucket's name (AWS's rules, which moto and MinIO keep): what `s3://<bucket>/...` must start with.
-BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# An S3 bucket's name as S3-compatible stores accept it (lower case, digits, '.', '-'; AWS itself wants 3+ characters).
+BUCKET_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 
 
 def _storage_root(root: str) -> str:

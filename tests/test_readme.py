@@ -27,6 +27,7 @@ RUN_HERE = {
     "rlbuild --help": "{check,status,submit,cancel}",
     "rlbuild check config/experiments/tiny-addition.yaml --version 2026.09.21": "rlbuild plan: tiny-addition",
     "rlbuild check config/experiments/tiny-addition.yaml --json": '"ok": true',
+    "rlbuild check config/experiments/tiny-addition.yaml --profile iris": "nodes run      set up from uv.lock",
     "snakemake --profile iris -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
     "snakemake --help | grep -A1 -- --iris-": "--iris-controller-url",
     "snakemake --profile slurm -n export/v2026.09.21": "/tiny-addition/export/v2026.09.21",
