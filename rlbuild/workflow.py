@@ -35,7 +35,13 @@ from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan
 from rlbuild.plan.spec import Experiment, NodeLimits, check_version, node_size
-from rlbuild.plan.versioning import StoredRecords, checked_plan, experiment_problems, measured_step_time
+from rlbuild.plan.versioning import (
+    StoredRecords,
+    checked_plan,
+    experiment_problems,
+    measured_step_time,
+    rebuild_reasons,
+)
 from rlbuild.schedulers.registry import SCHEDULERS
 
 RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
@@ -372,6 +378,8 @@ class Graph:
             if self.announce:
                 step_time = measured_step_time(self.experiment, plan)
                 print(format_plan(plan, self.terminal_stage(version), step_time), file=sys.stderr)
+                for line in rebuild_reasons(plan, StoredRecords(plan, self.inventory).read):
+                    print(line, file=sys.stderr)
                 for key, holder in self.leases_now().items():
                     if key.endswith(f"/v{version}"):
                         print(f"  lease held     {key}: {describe(holder)}", file=sys.stderr)

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts import checkpoints
-from rlbuild.contracts.artifacts import artifact
+from rlbuild.contracts.artifacts import MUTABLE_VERSION, artifact
 from rlbuild.contracts.metricstream import read_run_metrics
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.storage import join
 from rlbuild.plan import slurm
-from rlbuild.plan.identity import check_drift, check_training_runtime
+from rlbuild.plan.identity import DERIVED_KINDS, check_drift, check_training_runtime, record_drift
 from rlbuild.plan.modelcheck import check_model
 from rlbuild.plan.preflight import check_experiment, load_experiment
 from rlbuild.plan.resolve import Plan, resolve
@@ -52,6 +53,31 @@ class StoredRecords:
     def complete(self, kind: str) -> bool:
         """The record is written last: an artifact with a record is complete."""
         return self.read(kind) is not None
+
+
+def rebuild_reasons(plan: Plan, read_record: Callable[[str], Mapping[str, Any] | None]) -> list[str]:
+    """Why the stored artifacts of a `dev` version are rebuilt, by field: Snakemake's own reason names only the
+    fingerprint marker it misses. A kind built from the launch document whose fields changed with it says so."""
+    if plan.version != MUTABLE_VERSION:
+        return []  # a fixed version refuses changed configuration (check_drift) and keeps working after code edits
+    stale, drifts = record_drift(plan.records, read_record)
+    lines: list[str] = []
+    for kind in stale:
+        diff = drifts.get(kind)
+        if not diff:
+            why = "the code that builds it changed (runtime source digest)"
+        elif kind in DERIVED_KINDS and diff == drifts.get("launch"):
+            why = "its launch document changed (above)"
+        else:
+            shown = [f"{field} {_value(old)} -> {_value(new)}" for field, (old, new) in list(diff.items())[:3]]
+            why = "; ".join(shown) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+        lines.append(f"  rebuilds       {kind}: {why}")
+    return lines
+
+
+def _value(value: Any, limit: int = 40) -> str:
+    text = "(none)" if value is None else json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def experiment_problems(

@@ -181,4 +181,6 @@ def test_dev_version_rebuilds_what_changed(tmp_path: Path, s3_server: S3Server) 
     assert changed.returncode == 0, changed.stderr
     counts = job_counts(changed.stdout + changed.stderr)
     assert counts["resolve_launch"] == 1
+    # Snakemake's own reason names a fingerprint marker; the plan names the field.
+    assert "  rebuilds       launch: recipe.trainer.max_steps 200 -> 7" in changed.stderr, changed.stderr[-3000:]
     assert "stage_model" not in counts and "stage_data" not in counts
