@@ -14,12 +14,18 @@ MIN_SECRET_LENGTH = 8
 
 def redact(value: Any) -> Any:
     """A copy of a document with secret-named keys and known secret values replaced."""
+    return _redact(value, secret_values())
+
+
+def _redact(value: Any, secrets: list[str]) -> Any:
+    # The environment's secrets are found once per document, not once per string in it (a 50-version dry run
+    # redacts thousands of strings).
     if isinstance(value, Mapping):
-        return {k: REDACTED if is_secret_name(str(k)) and v else redact(v) for k, v in value.items()}
+        return {k: REDACTED if is_secret_name(str(k)) and v else _redact(v, secrets) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
+        return [_redact(v, secrets) for v in value]
     if isinstance(value, str):
-        return redact_text(value)
+        return _replace(value, secrets)
     return value
 
 
@@ -31,6 +37,10 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 def redact_text(text: str, environ: Mapping[str, str] | None = None) -> str:
-    for secret in secret_values(environ):
+    return _replace(text, secret_values(environ))
+
+
+def _replace(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
