@@ -44,7 +44,7 @@ class NodeRuntime:
             return f"image {self.image}"
         if self.origin == "lock":
             extra = f" with extra {self.extra}" if self.extra else ""
-            return f"set up from {LOCK_FILE}{extra} (no shared file system: the nodes run the job's bundle)"
+            return f"set up from {LOCK_FILE}{extra} (Snakemake shares no software deployment with the jobs)"
         return "this checkout's .venv (shared with the jobs)"
 
 

@@ -100,7 +100,7 @@ def test_the_plan_names_the_backend_and_what_the_nodes_run() -> None:
     doc = experiment(recipe={"generator": {"backend": "auto"}})
     locked = resolve(parse_experiment(doc, "t"), "2026.09.21", "/tmp/r", shares_venv=False)
     text = format_plan(locked)
-    assert "  nodes run      set up from uv.lock with extra gpu (no shared file system" in text
+    assert "  nodes run      set up from uv.lock with extra gpu (Snakemake shares no software deployment" in text
     assert f"  rollout        vLLM {locked_vllm('gpu')} (locked for the nodes, uv.lock)" in text
     pinned = resolve(parse_experiment(experiment(runtime__image=IMAGE), "t"), "2026.09.21", "/tmp/r", shares_venv=False)
     assert f"  nodes run      image {IMAGE}" in format_plan(pinned)
