@@ -213,16 +213,7 @@ def create_exclusive(uri: str, text: str) -> bool:
 def read_tagged(uri: str) -> tuple[str, str] | None:
     """(content, tag) where the tag changes whenever the object does (S3: its ETag); None if absent."""
     if is_s3(uri):
-        from botocore.exceptions import ClientError
-
-        bucket, key = _bucket_key(uri)
-        try:
-            response = s3_client().get_object(Bucket=bucket, Key=key)
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise
-        return response["Body"].read().decode(), response["ETag"]
+        return _get_object(s3_client(), uri)
     text = read_text(uri)
     return None if text is None else (text, hashlib.sha256(text.encode()).hexdigest())
 
@@ -468,11 +459,16 @@ def _read_listed(uri: str) -> tuple[str, str] | None:
         info = stat(uri)
         text = read_text(uri)
         return None if info is None or text is None else (text, info.tag)
+    return _get_object(shared_s3_client(), uri)
+
+
+def _get_object(client: Any, uri: str) -> tuple[str, str] | None:
+    """An S3 object's text and ETag through `client`; None if there is no such object."""
     from botocore.exceptions import ClientError
 
     bucket, key = _bucket_key(uri)
     try:
-        response = shared_s3_client().get_object(Bucket=bucket, Key=key)
+        response = client.get_object(Bucket=bucket, Key=key)
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
