@@ -186,7 +186,27 @@ def main() -> int:
     for task in sorted({r["task"] for r in results}):
         worst = min((r for r in results if r["task"] == task), key=lambda r: r["held_out_end"])
         print(f"worst {task}: {worst['held_out_end']:.2f} (seed {worst['seed']}, {worst['perturbation']})")
+    for inert in _inert_perturbations(results):
+        print(f"no effect here: {inert} trained bit for bit as 'none' (the same gradient norms every step)")
     return 0
+
+
+def _inert_perturbations(results: list[dict[str, Any]]) -> list[str]:
+    """The perturbations whose every cell repeats its seed's unperturbed gradient norms exactly: on this CPU they
+    change no bit (ATEN_CPU_CAPABILITY=avx2 on a CPU without AVX-512 is the CPU's own choice), so they are no
+    evidence. Rewards would not tell: a perturbation that moves every weight can still sample the same answers."""
+    norms = {(r["task"], r["seed"], r["perturbation"]): _grad_norms(r) for r in results}
+    inert = []
+    for perturbation in sorted({p for _, _, p in norms} - {"none"}):
+        pairs = [(v, norms.get((t, s, "none"))) for (t, s, p), v in norms.items() if p == perturbation]
+        compared = [(v, base) for v, base in pairs if base is not None]
+        if compared and all(v == base for v, base in compared):
+            inert.append(perturbation)
+    return inert
+
+
+def _grad_norms(cell: dict[str, Any]) -> list[float]:
+    return [r["policy/grad_norm"] for r in cell["records"] if "policy/grad_norm" in r]
 
 
 if __name__ == "__main__":

@@ -57,6 +57,31 @@ def test_learning_spread_trains_a_perturbed_cell_and_prints_its_row() -> None:
     assert "addition  seed   3 weights-1e-6  held-out" in out and "worst addition:" in out
 
 
+def test_learning_spread_names_a_perturbation_that_changed_no_bit() -> None:
+    """A perturbation that trains exactly as 'none' (AVX2 kernels on a CPU without AVX-512) is no evidence, and the
+    benchmark says so instead of counting it as a machine that agreed."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from learning_spread import _inert_perturbations
+
+    def cell(seed: int, perturbation: str, norms: list[float]) -> dict[str, object]:
+        return {
+            "task": "addition",
+            "seed": seed,
+            "perturbation": perturbation,
+            "records": [{"step": i, "policy/grad_norm": g} for i, g in enumerate(norms)],
+        }
+
+    results = [
+        cell(1, "none", [0.1, 0.5]),
+        cell(1, "isa-avx2", [0.1, 0.5]),
+        cell(1, "threads-2", [0.1, 0.5]),
+        cell(7, "none", [0.2, 0.6]),
+        cell(7, "isa-avx2", [0.2, 0.6]),
+        cell(7, "threads-2", [0.2, 0.61]),
+    ]
+    assert _inert_perturbations(results) == ["isa-avx2"]
+
+
 @pytest.mark.slow
 def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
     out = _bench("benchmarks/gang_bootstrap.py", "--sizes", "1", "--repeats", "1")
