@@ -1,16 +1,17 @@
 """The embedded default policy: a tiny untied Qwen2-style model and a character tokenizer, built in code.
 
-Nothing is downloaded. Exact-match tasks give almost no reward from a random init, so the model is warm-started
-for a few seconds with supervised steps that play the part of pretraining: task prompts with *random, wrong*
-answers (it learns the answer format, "1-3 characters, then <eos>", but not the answers) and counting on the
-number line ("next 4:" -> "5", "prev 5:" -> "4"). It knows no addition: its greedy addition accuracy stays at
-chance, and GRPO has to teach the rest. Counting gives the digits an order, which is what lets GRPO's addition
-generalise to pairs it never trains on (measured in trainer/README.md).
+Nothing is downloaded. The model is warm-started with supervised steps that play the part of pretraining: counting
+on the number line ("next 4:" -> "5", "prev 5:" -> "4") and the built-in tasks' prompts, answered right some of the
+time and with a systematic wrong answer (the task's decoy) otherwise. Like a pretrained model that half knows a
+task, it samples the right answer now and then and answers the decoy greedily; GRPO has to make the right answer
+the one it gives. Random answers instead (rounds 1-2) made the reward so sparse that whether GRPO took off at all
+rode on the seed and on the CPU's floating point (trainer/README.md, "The tiny default").
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import string
 import time
@@ -28,17 +29,20 @@ from trainer.tasks import REVERSAL_ALPHABET, REVERSAL_LENGTH
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARACTERS = string.digits + string.ascii_lowercase + string.ascii_uppercase + " +-=*/:?.,!'()"
 # The architecture lives in rlbuild/tiny_model.json, which preflight reads too. Small on purpose: at hidden 128,
-# GRPO memorised the 80 train pairs and reached 0.3-0.5 on the 20 held-out ones; at 32 it learns a rule that
-# carries over (0.6-0.8 on held-out pairs, see trainer/README.md).
+# GRPO memorised the 80 train pairs of addition and reached 0.2-0.4 on the 20 held-out ones (round 1).
 ARCHITECTURE = tiny_model_config()
 HIDDEN_SIZE = ARCHITECTURE["hidden_size"]
 NUM_LAYERS = ARCHITECTURE["num_hidden_layers"]
-WARM_START_STEPS = 150
+WARM_START_STEPS = 600
 WARM_START_BATCH = 64
-# Gentle on purpose: random answers teach the model that the prompt is irrelevant, and a stronger warm start
-# washes out the prompt features GRPO builds on.
-WARM_START_LR = 1e-3
-FORMAT_FRACTION = 0.4  # the rest is counting, half up, half down
+WARM_START_LR = 3e-3
+TASK_FRACTION = 0.6  # the rest is counting, half up, half down
+# The warm start answers a task prompt right RIGHT_SHARE of the time and with the task's decoy (a systematic wrong
+# answer) otherwise. The base model then samples the right answer one time in three to five (a dense reward: every
+# seed and machine gets a signal from the first step) while its greedy answer is mostly the decoy, and GRPO has to
+# move a preference that all prompts share: what generalises to prompts it never trains on. At 0.2, one seed's
+# policy learnt that shift and then memorised its train pairs (trainer/README.md, "The tiny default").
+RIGHT_SHARE = 0.3
 # What the base_model rule always had (Snakemake gives a job without `threads:` OMP_NUM_THREADS=1): tests,
 # benchmarks and the graph build the same base model on any machine.
 WARM_START_THREADS = 1
@@ -93,21 +97,40 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> torch.nn.Modul
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
-def _warm_start_example(rng: random.Random) -> tuple[str, str]:
-    """A task prompt with a random answer of the right shape (not the right value), or a counting example."""
-    roll = rng.random()
-    if roll < FORMAT_FRACTION:
-        if rng.random() < 0.5:
-            return f"{rng.randrange(10)}+{rng.randrange(10)}=", str(rng.randrange(19))
+def _decoy(prompt: str, answer: str) -> str:
+    """The task's systematic wrong answer: one more for addition, the first two letters swapped for reversal
+    ("rev abc:" -> "bac" where "cba" is right). Never the right answer, except for reversal's "aaa"-like strings."""
+    if prompt.startswith("rev "):
+        return answer[1] + answer[2] + answer[0]
+    return str(int(answer) + 1)
+
+
+def _task_example(rng: random.Random) -> tuple[str, str]:
+    """A task prompt (training's or not: the warm start stands in for pretraining, which saw the world) and its
+    answer: the right one or the decoy."""
+    if rng.random() < 0.5:
+        a, b = rng.randrange(10), rng.randrange(10)
+        prompt, right = f"{a}+{b}=", str(a + b)
+    else:
         word = "".join(rng.choice(REVERSAL_ALPHABET) for _ in range(REVERSAL_LENGTH))
-        return f"rev {word}:", "".join(rng.choice(REVERSAL_ALPHABET) for _ in range(REVERSAL_LENGTH))
+        prompt, right = f"rev {word}:", word[::-1]
+    return prompt, right if rng.random() < RIGHT_SHARE else _decoy(prompt, right)
+
+
+def _warm_start_example(rng: random.Random) -> tuple[str, str]:
+    """A task example, or a counting example."""
+    roll = rng.random()
+    if roll < TASK_FRACTION:
+        return _task_example(rng)
     n = rng.randrange(COUNT_TO)
-    return (f"next {n}:", str(n + 1)) if roll < (1 + FORMAT_FRACTION) / 2 else (f"prev {n + 1}:", str(n))
+    return (f"next {n}:", str(n + 1)) if roll < (1 + TASK_FRACTION) / 2 else (f"prev {n + 1}:", str(n))
 
 
 def warm_start(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int, steps: int) -> float:
-    """Supervised steps on counting and random answers (loss on the answer and <eos> only); returns the last loss."""
+    """Supervised steps on counting and task answers (loss on the answer and <eos> only); returns the last loss."""
     rng = random.Random(seed)
+    # A few hundred distinct strings, tokenized once each (the tokenizer took a quarter of a step; same ids).
+    encode = functools.cache(lambda text, special: tuple(tokenizer(text, add_special_tokens=special)["input_ids"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START_LR)
     model.train()
     last = 0.0
@@ -115,8 +138,8 @@ def warm_start(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed:
         ids, labels = [], []
         for _ in range(WARM_START_BATCH):
             prompt, answer = _warm_start_example(rng)
-            p = tokenizer(prompt)["input_ids"]
-            a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            p = list(encode(prompt, True))
+            a = [*encode(answer, False), tokenizer.eos_token_id]
             ids.append(p + a)
             labels.append([-100] * len(p) + a)
         width = max(map(len, ids))

@@ -1,11 +1,10 @@
 """GRPO learns the task, not the table: for both built-in tasks' shipped experiments (their own seed, 42), held-out
-greedy accuracy (on prompts training never samples) rises from the base model's ~0 to well past chance.
+greedy accuracy (on prompts training never samples) rises well above the base model's and reaches most prompts.
 
-The thresholds are what the experiment's seed cleared with margin under every perturbation that stands in for
-another CPU (`benchmarks/learning_spread.py`; trainer/README.md, "Robust recipes"), and on the other machine of
-this kind that issue 18 reports: addition 1.00 everywhere, reversal 0.96 / 0.76 / 0.64 here and 0.32 there. Other
-seeds spread wider, and no assertion here rides on one bit pattern. A failing run prints the curve it saw (reward,
-held-out and train-prompt accuracy at each eval).
+The thresholds are what every cell of trainer/README.md's "Robust recipes" cleared with margin: three seeds, each
+as this machine runs it and under two perturbations that stand in for another CPU (`benchmarks/learning_spread.py`:
+AVX2 kernels, base weights perturbed by 1e-6). No assertion here rides on one bit pattern. A failing run prints the
+curve it saw (reward, held-out and train-prompt accuracy at each eval).
 """
 
 from __future__ import annotations
@@ -24,15 +23,13 @@ from trainer import loop
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"
 
 
-def _train(tmp_path: Path, task: str, steps: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The shipped `tiny-<task>` experiment (its seed, split, role plan and recipe; `steps` cuts it short), evaluated
-    ten times on the way; returns the terminal manifest's metrics and every metrics line."""
+def _train(tmp_path: Path, task: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The shipped `tiny-<task>` experiment (its seed, split, role plan and recipe), evaluated ten times on the way;
+    returns the terminal manifest's metrics and every metrics line."""
     experiment = yaml.safe_load((EXPERIMENTS / f"tiny-{task}.yaml").read_text())
     recipe = experiment["recipe"]
-    steps = steps or recipe["trainer"]["max_steps"]
-    recipe["trainer"].update(
-        {"max_steps": steps, "ckpt_interval": steps, "eval_interval": steps // 10, "eval_before_train": True}
-    )
+    steps = recipe["trainer"]["max_steps"]
+    recipe["trainer"].update({"ckpt_interval": steps, "eval_interval": steps // 10, "eval_before_train": True})
     revision = experiment["data"]["train"][0]["revision"]
     path = write_test_launch(
         tmp_path,
@@ -59,23 +56,24 @@ def _curve(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# (task, steps, held-out accuracy at the end). Reversal runs its whole recipe: 5 of the 25 unseen strings, where the
-# base model gets 0-1 and a guess 1 in 125, and every machine got 0.32 or more. Addition runs 150 of its 500 steps
-# (CI's time), as the test of rounds 1-2 did on two boxes; its own seed is at 0.60-0.70 by step 150 of the full
-# schedule under every perturbation.
-THRESHOLDS = [("addition", 150, 0.15), ("reversal", None, 0.2)]
+# (task, held-out accuracy at the end, its least gain over the base model's). Both run their whole shipped recipe.
+# Every cell measured: addition 0.85-1.00 held-out at the end, a gain of 0.55-0.65; reversal 1.00, 0.56-0.84.
+THRESHOLDS = [("addition", 0.6, 0.3), ("reversal", 0.7, 0.3)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("task", "steps", "held_out"), THRESHOLDS, ids=[t[0] for t in THRESHOLDS])
+@pytest.mark.parametrize(("task", "held_out", "gain"), THRESHOLDS, ids=[t[0] for t in THRESHOLDS])
 def test_the_shipped_experiment_learns_its_held_out_prompts(
-    tmp_path: Path, task: str, steps: int | None, held_out: float
+    tmp_path: Path, task: str, held_out: float, gain: float
 ) -> None:
-    summary, records = _train(tmp_path, task, steps)
+    summary, records = _train(tmp_path, task)
     curve = _curve(records)
     print(curve)
     rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
-    assert summary["initial_eval_accuracy"] <= 0.1, curve
     assert summary["final_eval_accuracy"] >= held_out, curve
-    assert sum(rewards[-10:]) >= 2 * sum(rewards[:10]) and sum(rewards[-10:]) > 0, curve
+    assert summary["final_eval_accuracy"] - summary["initial_eval_accuracy"] >= gain, curve
+    # The reward is dense from the first step (the base model samples right answers), so it rises rather than
+    # takes off: every measured cell averaged 0.88 or more over its last 10 steps, 0.23 or more above its first 10.
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert last >= max(0.8, first + 0.1), curve
