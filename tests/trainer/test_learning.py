@@ -3,8 +3,8 @@ greedy accuracy (on prompts training never samples) rises well above the base mo
 
 The thresholds are what every cell of trainer/README.md's "Robust recipes" cleared with margin: three seeds, each
 as this machine runs it and under two perturbations that stand in for another CPU (`benchmarks/learning_spread.py`:
-AVX2 kernels, base weights perturbed by 1e-6). No assertion here rides on one bit pattern. A failing run prints the
-curve it saw (reward, held-out and train-prompt accuracy at each eval).
+two torch threads per actor, base weights perturbed by 1e-6). No assertion here rides on one bit pattern. A failing
+run prints the curve it saw (reward, held-out and train-prompt accuracy at each eval).
 """
 
 from __future__ import annotations
