@@ -12,7 +12,10 @@ import re
 import sys
 from pathlib import Path
 
-from rlbuild.contracts.launch import dump_launch
+from rlbuild.contracts.artifacts import METRICS_NAME, artifact, record_of
+from rlbuild.contracts.launch import LaunchDocument, dump_launch, launch_from_text
+from rlbuild.contracts.manifest import MANIFEST
+from rlbuild.contracts.records import read_record, sealed, stored_digests, verify_document
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.redact import redact_text
@@ -69,8 +72,12 @@ def _plan(args: argparse.Namespace) -> Plan:
     return resolve_file(Path(args.experiment), args.version, _storage_root(args.storage_root))
 
 
-def _write_record(path: Path, record: dict) -> None:
-    storage.write_json(str(path), record)
+def _write_record(path: Path, record: dict, folder: str | None = None, elsewhere: dict[str, str] | None = None) -> None:
+    """Payload first, record last: sealed, naming the digest of every control document of the artifact (each in
+    its version folder `folder`, or where `elsewhere` says)."""
+    names = artifact(record["kind"]).documents if folder is not None else ()
+    documents = {name: (elsewhere or {}).get(name) or storage.join(folder or "", name) for name in names}
+    storage.write_json(str(path), sealed(record, stored_digests(documents)))
 
 
 def _trainer(*argv: str) -> int:
@@ -78,12 +85,14 @@ def _trainer(*argv: str) -> int:
     return interrupts.run_child([sys.executable, "-m", "trainer", *argv])
 
 
-def _derived(launch_record: str, kind: str) -> dict:
-    """The record of a kind built from the launch document, from the launch's own stored record."""
-    record = storage.read_json(launch_record)
+def _verified_launch(launch_uri: str, launch_record: str) -> tuple[LaunchDocument, dict]:
+    """The launch document and its stored record, both verified: the record's seal, and the document's bytes
+    against the digest the record names (a launch.yaml edited after resolve_launch is refused, not trained)."""
+    record = read_record(launch_record)
     if record is None:
         raise RlbuildError(f"{launch_record} is missing; rerun the resolve_launch rule")
-    return derived_record(record, kind)
+    data = verify_document(record, "launch.yaml", launch_uri)
+    return launch_from_text(data.decode("utf-8", errors="replace"), launch_uri), record
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -225,7 +234,7 @@ def cmd_base_model(args: argparse.Namespace) -> int:
     out = Path(args.out)
     code = _trainer("base-model", "--out", str(out), "--seed", str(plan.experiment.seed))
     if code == 0:
-        _write_record(Path(args.record), plan.records["base_model"])
+        _write_record(Path(args.record), plan.records["base_model"], args.out)
     return code
 
 
@@ -243,7 +252,7 @@ def cmd_stage_model(args: argparse.Namespace) -> int:
         out,
         artifact_dirs=artifacts,
     )
-    _write_record(Path(args.record), plan.records["stage_model"])
+    _write_record(Path(args.record), plan.records["stage_model"], args.out)
     return 0
 
 
@@ -259,7 +268,7 @@ def cmd_stage_data(args: argparse.Namespace) -> int:
         [parse_source(d.source, d.revision) for d in data.validation],
         out,
     )
-    _write_record(Path(args.record), plan.records["stage_data"])
+    _write_record(Path(args.record), plan.records["stage_data"], args.out)
     return 0
 
 
@@ -274,16 +283,16 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
             raise PreflightError(f"{args.experiment} (staged model {args.model}, data {args.data})", problems)
     storage.write_text(args.out, redact_text(dump_launch(plan.launch)))
     storage.write_text(args.plan, format_plan(plan) + "\n")
-    _write_record(Path(args.record), plan.records["launch"])
+    _write_record(Path(args.record), plan.records["launch"], str(Path(args.out).parent))
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlbuild.contracts.launch import load_launch
     from rlbuild.job import chain
     from rlbuild.job.attempt import run_logged
 
-    attempts = load_launch(args.launch).artifacts.attempts_root
+    launch, launch_record = _verified_launch(args.launch, args.launch_record)
+    attempts = launch.artifacts.attempts_root
     trainer_argv = ["run", "--launch", args.launch, "--terminal", args.terminal]
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         trainer_argv.append("--allow-retrain")
@@ -292,38 +301,60 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         code = run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts)
     if code == 0:
-        _write_record(Path(args.record), _derived(args.launch_record, "train"))
+        record = derived_record(launch_record, "train")
+        metrics = {METRICS_NAME: launch.artifacts.metrics_uri}
+        _write_record(Path(args.record), record, str(Path(args.terminal).parent), metrics)
     return code
+
+
+def _stored_record(kind: str, version_folder: str) -> dict:
+    """The record of an artifact a stage is built from, its seal verified (found through the launch document's
+    URIs: the rule declares only the files it downloads)."""
+    record = read_record(record_of(version_folder))
+    if record is None:
+        raise RlbuildError(f"{record_of(version_folder)} is missing: the {kind} artifact is not complete; build it")
+    return record
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     import tempfile
 
-    from rlbuild.contracts.launch import load_launch
     from rlbuild.stages.modelcard import card_for_run
 
-    record = _derived(args.launch_record, "export")
+    launch, launch_record = _verified_launch(args.launch, args.launch_record)
+    train = _stored_record("train", _parent(launch.artifacts.terminal_manifest_uri))
+    verify_document(train, artifact("train").output, args.terminal)
+    record = derived_record(launch_record, "export")
     with tempfile.TemporaryDirectory(prefix="rlbuild-card-") as tmp:
         card = Path(tmp) / "README.md"
-        card_for_run(load_launch(args.launch), args.model_record, args.data_record, record["identity"]).save(card)
+        card_for_run(launch, args.model_record, args.data_record, record["identity"]).save(card)
         code = _trainer(
             "export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out, "--card", str(card)
         )
     if code == 0:
-        _write_record(Path(args.record), record)
+        _write_record(Path(args.record), record, args.out)
     return code
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlbuild.contracts.launch import load_launch
     from rlbuild.stages.evaluation import run_eval
 
-    launch = load_launch(args.launch)
+    launch, launch_record = _verified_launch(args.launch, args.launch_record)
+    verify_document(
+        _stored_record("train", _parent(launch.artifacts.terminal_manifest_uri)),
+        METRICS_NAME,
+        launch.artifacts.metrics_uri,
+    )
+    verify_document(_stored_record("export", launch.artifacts.export_root), MANIFEST, str(Path(args.model) / MANIFEST))
     out = Path(args.out)
     validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
     run_eval(Path(args.model), validation, launch, out, k=args.k)
-    _write_record(Path(args.record), _derived(args.launch_record, "eval"))
+    _write_record(Path(args.record), derived_record(launch_record, "eval"), args.out)
     return 0
+
+
+def _parent(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[0]
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

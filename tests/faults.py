@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import http.client
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -110,3 +111,12 @@ def s3_proxy(upstream: str) -> Iterator[_Proxy]:
             proxy.fault.release()
         proxy.shutdown()
         proxy.server_close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll)
+    return condition()

@@ -6,9 +6,9 @@ Layout:
                                    scheduler); what a resume reads (trainer/workers/sharding.py)
     global_step_N/policy/          HF model folder (model.safetensors, config.json, tokenizer files), gathered by
                                    rank 0: the terminal checkpoint only (what export publishes)
-    global_step_N/manifest.json    sha256 and size of every file above (each rank hashes what it wrote): export and a
-                                   resume verify what they read against it
     global_step_N/trainer_state.json  {global_step, data_cursor, seed, runtime_source_digest, ...}: after the payload
+    global_step_N/manifest.json    sha256 and size of every file above (each rank hashes what it wrote; the driver
+                                   the state): export, a resume and the terminal manifest verify what they read
     latest                         "N": written last, so a checkpoint without it was never completed
 
 Only the terminal checkpoint carries the HF folder: it costs a full gather into one host's memory and a second
@@ -29,6 +29,7 @@ from typing import Any
 from rlbuild.contracts import checkpoints as layout
 from rlbuild.contracts.checkpoints import LATEST, STATE, STEP_DIR
 from rlbuild.contracts.manifest import MANIFEST, ManifestError, read_manifest
+from rlbuild.contracts.records import sha256_bytes
 from rlbuild.core import storage
 from trainer.errors import TrainerError
 
@@ -62,12 +63,12 @@ class CheckpointManager:
     def save(
         self, step: int, data_cursor: int, extra: dict[str, Any], write_policy: Callable[[str], dict[str, Any]]
     ) -> str:
-        """Policy + optimizer (via `write_policy`, which returns the manifest entries of what it wrote), then the
-        manifest, then trainer state, then `latest`; then prune old ones."""
+        """Policy + optimizer (via `write_policy`, which returns the manifest entries of what it wrote), then trainer
+        state, then the manifest of both, then `latest`; then prune old ones."""
         uri = self.step_uri(step)
         # What an interrupted earlier save of this step left (a resume from an older checkpoint gets here again).
         storage.remove(uri)
-        storage.write_json(storage.join(uri, MANIFEST), {"files": write_policy(uri)})
+        files = write_policy(uri)
         state = {
             "global_step": step,
             "data_cursor": data_cursor,
@@ -76,7 +77,10 @@ class CheckpointManager:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **extra,
         }
-        storage.write_text(storage.join(uri, STATE), json.dumps(state, indent=2))
+        state_bytes = json.dumps(state, indent=2).encode()
+        storage.write_bytes(storage.join(uri, STATE), state_bytes)
+        files[STATE] = {"sha256": sha256_bytes(state_bytes), "size": len(state_bytes)}
+        storage.write_json(storage.join(uri, MANIFEST), {"files": files})
         storage.write_text(storage.join(self.root, LATEST), str(step))
         self._prune(step)
         return uri
@@ -102,10 +106,9 @@ class CheckpointManager:
         return None if step is None else self._load(self.step_uri(step), same_configuration=True)
 
     def _load(self, uri: str, same_configuration: bool) -> Resume:
-        text = storage.read_text(storage.join(uri, STATE))
-        if text is None:
+        state = layout.read_state(uri)  # verified against the manifest
+        if state is None:
             raise CheckpointError(f"{uri} has no {STATE}: it is not a complete checkpoint; resume another one")
-        state = json.loads(text)
         try:
             files = read_manifest(uri)["files"]
         except ManifestError as error:

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlbuild.contracts import runtime
 from rlbuild.contracts.launch import LaunchDocument
-from rlbuild.contracts.manifest import materialise
+from rlbuild.contracts.manifest import materialise, verify_stored
 from rlbuild.contracts.metricstream import read_run_metrics, write_run_metrics
 from rlbuild.core import storage
 from trainer import continuation, data, sampling
@@ -64,6 +64,7 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
     if resume is not None and resume.step == max_steps:
         # The final checkpoint is complete but terminal.json is not (deleted outputs, or a crash in between).
         print(f"[trainer] {resume.uri} is the completed final step; writing its terminal manifest", flush=True)
+        verify_stored(resume.uri, resume.files)  # every file, before terminal.json vouches for it
         records = read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0]
         write_run_metrics(artifacts.metrics_uri, records)  # the run may have ended before it was written
         return write_terminal(launch, checkpoints, records, terminal_uri)

@@ -27,6 +27,9 @@ class Artifact:
     rule: str  # the Snakemake rule that writes it
     folder: str  # versions live in `<folder>/v<version>/`
     output: str  # the file the rule declares inside the version folder; "" when the folder itself is the output
+    # The control documents of the version folder that steer later stages: the record names their digests
+    # (rlbuild/contracts/records.py) and the next stage verifies them.
+    documents: tuple[str, ...] = ()
 
     def version_folder(self, version: str) -> str:
         return f"{self.folder}/v{version}"
@@ -43,7 +46,7 @@ class Artifact:
     def record(self, version: str = "{version}") -> str:
         """Where the identity record lives: beside the version folder, never inside a directory output, so that
         it is uploaded after the whole artifact (rules declare it last) and its presence means complete."""
-        return f"{self.version_folder(version)}.{RECORD_NAME}"
+        return record_of(self.version_folder(version))
 
     @property
     def is_directory(self) -> bool:
@@ -52,13 +55,20 @@ class Artifact:
 
 ARTIFACTS: tuple[Artifact, ...] = (
     Artifact("base_model", "base_model", "base_model", ""),
-    Artifact("stage_model", "stage_model", "stage/model", ""),
-    Artifact("stage_data", "stage_data", "stage/data", ""),
-    Artifact("launch", "resolve_launch", "launch", "launch.yaml"),
-    Artifact("train", "train", "train", "terminal.json"),
-    Artifact("export", "export", "export", ""),
-    Artifact("eval", "eval", "eval", "results.json"),
+    Artifact("stage_model", "stage_model", "stage/model", "", ("manifest.json",)),
+    Artifact("stage_data", "stage_data", "stage/data", "", ("manifest.json",)),
+    Artifact("launch", "resolve_launch", "launch", "launch.yaml", ("launch.yaml",)),
+    Artifact("train", "train", "train", "terminal.json", ("terminal.json", METRICS_NAME)),
+    Artifact("export", "export", "export", "", ("manifest.json",)),
+    Artifact("eval", "eval", "eval", "results.json", ("results.json",)),
 )
+
+
+def record_of(version_folder: str) -> str:
+    """The record beside a version folder (a path or URI)."""
+    return f"{version_folder.rstrip('/')}.{RECORD_NAME}"
+
+
 BY_KIND = {a.kind: a for a in ARTIFACTS}
 KINDS = tuple(a.kind for a in ARTIFACTS)
 

@@ -134,8 +134,12 @@ def load_launch(uri: str) -> LaunchDocument:
     text = storage.read_text(uri)
     if text is None:
         raise LaunchDocumentError(f"launch document {uri} does not exist; run the resolve_launch rule first")
+    return launch_from_text(text, uri)
+
+
+def launch_from_text(text: str, where: str) -> LaunchDocument:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise LaunchDocumentError(f"{uri} is not YAML ({exc}); regenerate it with resolve_launch") from None
-    return parse_launch(raw, uri)
+        raise LaunchDocumentError(f"{where} is not YAML ({exc}); regenerate it with resolve_launch") from None
+    return parse_launch(raw, where)

@@ -264,6 +264,16 @@ def read_text(uri: str) -> str | None:
         return None
 
 
+@_reported
+def read_bytes(uri: str) -> bytes | None:
+    """The whole object's bytes; None when it does not exist."""
+    fs, path = filesystem(uri)
+    try:
+        return bytes(fs.cat_file(path, **_whole_call(uri)))
+    except FileNotFoundError:
+        return None
+
+
 def read_json(uri: str) -> Any:
     """A JSON document; None when it does not exist."""
     text = read_text(uri)

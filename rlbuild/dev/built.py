@@ -1,8 +1,9 @@
 """What a completed build of a version leaves where the graph looks, written directly (seconds, no training):
 for the dry-run benchmark and the test that counts a dry run's storage requests.
 
-Every artifact's identity record (the record the jobs write: `resolve` makes it, as preflight does), its outputs
-and the `.snakemake_timestamp` of its directory outputs, payload first, record last. The payloads are stand-ins
+Every artifact's identity record (the record the jobs write: `resolve` makes it, as preflight does, sealed with the
+digests of its control documents), its outputs and the `.snakemake_timestamp` of its directory outputs, payload
+first, record last. The payloads are stand-ins
 (the graph reads only their existence and times); a dry run of a version written here has nothing to do.
 """
 
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rlbuild.contracts.artifacts import ARTIFACTS
+from rlbuild.contracts.records import sealed, sha256_bytes
 from rlbuild.core import storage
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import resolve
@@ -31,14 +33,16 @@ def write_built(experiment_file: Path, storage_root: str, versions: list[str]) -
             if a.kind not in plan.records:
                 continue
             folder = plan.uri(a.version_folder(version))
+            written = dict.fromkeys([*a.documents, *EXTRA_OUTPUTS.get(a.kind, [])], "")
             if a.is_directory:
-                _write(storage.join(folder, "manifest.json"), '{"files": {}}\n')
-                _write(storage.join(folder, ".snakemake_timestamp"), "")
+                written |= {"manifest.json": '{"files": {}}\n', ".snakemake_timestamp": ""}
             else:
-                _write(plan.uri(a.path(version)), "{}\n")
-            for name in EXTRA_OUTPUTS.get(a.kind, []):
-                _write(storage.join(folder, name), "")
-            _write(plan.uri(a.record(version)), json.dumps(plan.records[a.kind], indent=2, sort_keys=True) + "\n")
+                written[a.output] = "{}\n"
+            for name, text in written.items():
+                _write(storage.join(folder, name), text)
+            payload = {name: sha256_bytes(written[name].encode()) for name in a.documents}
+            record = sealed(plan.records[a.kind], payload)
+            _write(plan.uri(a.record(version)), json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, versions))

@@ -7,27 +7,19 @@ whose stored record disagrees with what the config now resolves to is refused; `
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from rlbuild.contracts import runtime
 from rlbuild.contracts.artifacts import MUTABLE_VERSION
+from rlbuild.contracts.records import canonical_json
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 
 DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's
 # Names under which records carry the runtime (launch: runtime.source_digest and runtime.image; base_model): which
 # code and image built an artifact is provenance, not configuration.
 RUNTIME_FIELDS = frozenset({"source_digest", "runtime_source_digest", "image"})
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_reject)
-
-
-def _reject(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} {value!r} cannot be fingerprinted; use plain data")
 
 
 def fingerprint(fields: Mapping[str, Any]) -> str:

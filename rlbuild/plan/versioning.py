@@ -22,6 +22,13 @@ from typing import Any
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import MUTABLE_VERSION, artifact
 from rlbuild.contracts.metricstream import read_run_metrics
+from rlbuild.contracts.records import (
+    PAYLOAD,
+    RESTORE_DOCUMENT,
+    CorruptDocumentError,
+    document_problem,
+    parse_record,
+)
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.storage import join
@@ -46,9 +53,42 @@ class StoredRecords:
         return self.plan.uri(artifact(kind).record(self.plan.version))
 
     def _read(self, kind: str) -> dict[str, Any] | None:
+        """The stored record of `kind`, its seal verified (CorruptDocumentError otherwise)."""
         texts = self.inventory.read_texts([self.uri(k) for k in dict.fromkeys([*self.plan.records, kind])])
         text = texts[self.uri(kind)]
-        return None if text is None else json.loads(text)
+        return None if text is None else parse_record(text, self.uri(kind))
+
+    def document_uri(self, kind: str, name: str) -> str:
+        return self.plan.uri(artifact(kind).file(self.plan.version, name))
+
+    def verify_documents(self, kind: str) -> None:
+        """The control documents the stored record of `kind` describes match its digests (CorruptDocumentError
+        naming the first that does not); read through the inventory, so a later run reads none of them again."""
+        record = self.read(kind)
+        if record is None:
+            return
+        names = artifact(kind).documents
+        texts = self.inventory.read_texts([self.document_uri(kind, name) for name in names])
+        for name in names:
+            uri = self.document_uri(kind, name)
+            if texts[uri] is None:
+                if name in (record.get(PAYLOAD) or {}):
+                    raise CorruptDocumentError(uri, "it is missing, but its record describes it", RESTORE_DOCUMENT)
+                continue
+            problem = document_problem(record, name, texts[uri].encode("utf-8"))
+            if problem is not None:
+                raise CorruptDocumentError(uri, problem, RESTORE_DOCUMENT)
+
+    def corrupt(self) -> dict[str, str]:
+        """{kind: why} for every stored record, or control document it describes, that changed after it was
+        written (`rlbuild status` shows them `corrupt`)."""
+        found: dict[str, str] = {}
+        for kind in self.plan.records:
+            try:
+                self.verify_documents(kind)
+            except CorruptDocumentError as error:
+                found[kind] = str(error)
+        return found
 
     def complete(self, kind: str) -> bool:
         """The record is written last: an artifact with a record is complete."""
@@ -158,6 +198,7 @@ def checked_plan(
     stored = StoredRecords(plan, inventory)
     check_drift(version, plan.records, stored.read)
     if not stored.complete("train"):
+        stored.verify_documents("launch")  # the training will read it: an edited one trains something else
         ckpts = plan.uri(plan.temporary.checkpoints)
         state = checkpoints.latest_state(ckpts) if stored.inventory.may_exist(ckpts) else None
         runtime = plan.launch.runtime

@@ -19,8 +19,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import read_run_metrics
+from rlbuild.contracts.records import read_record
 from rlbuild.contracts.sources import SourceError, parse_source
-from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 
 CARD = "README.md"
@@ -102,7 +102,7 @@ def build_card(
 def card_for_run(launch: LaunchDocument, model_record: str, data_record: str, identity: str) -> ModelCard:
     """The card of the export `identity` of `launch`, from the stored records of its staged model and data and
     its metrics."""
-    found = {path: storage.read_json(path) for path in (model_record, data_record)}
+    found = {path: read_record(path) for path in (model_record, data_record)}
     missing = [path for path, record in found.items() if record is None]
     if missing:
         raise RlbuildError(f"{missing} missing: the staged inputs of this launch have no record; rerun staging")

@@ -30,6 +30,7 @@ from rlbuild.contracts.manifest import verify_local
 from rlbuild.core.streams import read_stream
 from tests.conftest import REPO
 from tests.e2e.test_pipeline import VERSION, Pipeline, small_experiment
+from tests.faults import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 MARK = "RLBUILD_TEST_RUN"
@@ -107,15 +108,6 @@ def assert_every_record_has_its_complete_payload(root: Path) -> None:
 
 def ended(process: subprocess.Popen[bytes]) -> bool:
     return process.poll() is not None
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(poll)
-    return condition()
 
 
 def train_logs(root: Path) -> list[str]:

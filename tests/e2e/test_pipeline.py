@@ -21,6 +21,7 @@ import yaml
 from rlbuild.core.streams import read_stream
 from rlbuild.dev.s3 import S3Server
 from tests.conftest import EXPERIMENTS, REPO, copy_of_the_code, run_snakemake
+from tests.faults import Fault, s3_proxy, wait_until
 from tests.spine.test_graph import job_counts
 
 VERSION = "2026.09.21"
@@ -326,7 +327,11 @@ def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> No
     experiment = small_experiment(tmp_path, max_steps=2)
     storage = ["--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/rlbuild"]
     pipe = Pipeline(tmp_path, experiment, extra=storage, env=s3_server.env())
-    counts = ran(pipe.run())
+    # The kill matrix's S3 row of the checkpoint: SIGKILL of the run's group while a checkpoint uploads, then the
+    # README's recovery (`--unlock`, `--rerun-incomplete`) completes the graph without anything removed by hand.
+    _killed_mid_upload(pipe, s3_server, "/checkpoints/global_step_2/")
+    assert pipe.run("--unlock").returncode == 0
+    counts = ran(pipe.run("--rerun-incomplete"))
     assert counts["train"] == 1 and counts["eval"] == 1
     import boto3
 
@@ -343,6 +348,35 @@ def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> No
     assert f"{prefix}/export/v{VERSION}/model/README.md" in keys
     assert any(k.startswith(f"{prefix}/tmp/ttl=14d/train/v{VERSION}/checkpoints/global_step_2/") for k in keys)
     assert ran(pipe.run("--forcerun", "eval")) == {"eval": 1, "all": 1}
+    # The export's row: killed while Snakemake uploads the export's folder (its third file stalls).
+    _killed_mid_upload(pipe, s3_server, f"/export/v{VERSION}/model/", "--forcerun", "export")
+    assert pipe.run("--unlock").returncode == 0
+    assert ran(pipe.run("--rerun-incomplete")) == {"export": 1, "eval": 1, "all": 1}
+    leases = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/.leases/").get("Contents", [])
+    assert not leases, "no lease outlives a run"
+
+
+def _killed_mid_upload(pipe: Pipeline, s3_server: S3Server, fragment: str, *options: str) -> None:
+    """Run the graph through a proxy that stalls PUTs under `fragment` from the third on, and SIGKILL the run's
+    whole process group once one stalls."""
+    settings = [f"experiment={pipe.experiment}", f"storage_root={pipe.storage}", f"versions=['{VERSION}']"]
+    with s3_proxy(s3_server.endpoint) as proxy:
+        proxy.fault = Fault("PUT", fragment, "stall", after=2)
+        env = {**os.environ, **s3_server.env(), "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": proxy.url}
+        command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
+        command += [*pipe.extra, *options, "--config", *settings]
+        process = subprocess.Popen(
+            command,
+            cwd=pipe.folder,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        assert wait_until(lambda: proxy.fault.hits >= 1 or process.poll() is not None, 600)
+        assert process.poll() is None, f"the run ended before an upload under {fragment} stalled"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
 
 
 def test_a_hostile_experiment_path_runs_nothing_but_the_build(tmp_path: Path) -> None:
@@ -371,3 +405,53 @@ def test_status_reports_every_artifact_of_a_completed_run_done(pipeline: Pipelin
     assert document["experiment"] == "tiny-addition" and document["verdict"] == "done"
     text = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True, cwd=REPO).stdout
     assert text.count(" done ") == 7 and text.rstrip().endswith("verdict: done"), text
+
+
+def _edit_in_place(path: Path, old: str, new: str) -> bytes:
+    """Replace `old` by `new` in `path` keeping its mtime (no rerun trigger sees it); return the original bytes."""
+    original, stat = path.read_bytes(), path.stat()
+    assert old.encode() in original, f"{old!r} not in {path}"
+    path.write_bytes(original.replace(old.encode(), new.encode(), 1))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return original
+
+
+def _restore(path: Path, original: bytes) -> None:
+    stat = path.stat()
+    path.write_bytes(original)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(pipeline: Pipeline) -> None:
+    """Last in the module: the refused stages leave export and eval to be built again.
+
+    Records (one byte of a field) are refused by the dry run; the launch document and the run's metrics by the
+    eval that reads them, terminal.json by the export (each edit keeps the file's mtime, as a hand edit with
+    `touch -r` or a bit flip would)."""
+    root = pipeline.root
+    for kind in ("launch", "train", "export"):
+        record = root / f"{kind}/v{VERSION}.identity.json"
+        original = _edit_in_place(record, '"version": "2026.09.21"', '"version": "2026.09.22"')
+        try:
+            dry = pipeline.run("-n", targets=(f"eval/v{VERSION}/results.json",))
+            assert dry.returncode != 0, dry.stdout[-2000:]
+            assert f"{kind}/v{VERSION}.identity.json is corrupt: its content no longer matches its seal" in dry.stderr
+            assert "Traceback" not in dry.stderr
+        finally:
+            _restore(record, original)
+    edits = [
+        ("eval", f"launch/v{VERSION}/launch.yaml", "max_steps: 4", "max_steps: 5"),
+        ("eval", f"train/v{VERSION}/metrics.jsonl", '"step": 4', '"step": 5'),
+        ("export", f"train/v{VERSION}/terminal.json", '"global_step": 4', '"global_step": 5'),
+    ]
+    for rule, name, old, new in edits:
+        document = root / name
+        original = _edit_in_place(document, old, new)
+        try:
+            result = pipeline.run("--forcerun", rule, targets=(f"eval/v{VERSION}/results.json",))
+            log = (root / "logs" / rule / f"v{VERSION}.log").read_text()
+            assert result.returncode != 0, log
+            assert f"{name} is corrupt: its sha256 is" in log and "its record says" in log, log[-2000:]
+            assert "Traceback" not in log
+        finally:
+            _restore(document, original)

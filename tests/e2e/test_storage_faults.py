@@ -21,9 +21,8 @@ from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.dev.s3 import S3Server
 from tests.conftest import REPO, run_snakemake
-from tests.e2e.test_interrupts import wait_until
 from tests.e2e.test_pipeline import VERSION, small_experiment
-from tests.faults import Fault, s3_proxy
+from tests.faults import Fault, s3_proxy, wait_until
 from tests.spine.test_graph import job_counts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

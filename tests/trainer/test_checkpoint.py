@@ -12,9 +12,10 @@ import torch
 import torch.distributed as dist
 
 from rlbuild.contracts import runtime
-from rlbuild.contracts.checkpoints import CheckpointLayoutError
+from rlbuild.contracts.checkpoints import CheckpointLayoutError, read_state
 from rlbuild.contracts.launch import LaunchDocument, load_launch
-from rlbuild.contracts.manifest import describe_files, payload_files
+from rlbuild.contracts.manifest import ManifestMismatchError, describe_files, payload_files
+from rlbuild.contracts.records import CorruptDocumentError
 from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
 from trainer import loop, tiny
@@ -43,10 +44,18 @@ def _exercise(root: str) -> None:
     assert names == ["global_step_4", "global_step_6"]
     resume = manager.resolve("latest", None)
     assert (resume.step, resume.data_cursor, resume.uri) == (6, 96, manager.step_uri(6))
-    assert set(resume.files) == {"policy/model.safetensors", "optimizer.pt"}
+    assert set(resume.files) == {"policy/model.safetensors", "optimizer.pt", "trainer_state.json"}
     assert resume.files["optimizer.pt"]["size"] == 4
-    state = json.loads(storage.read_text(storage.join(manager.step_uri(6), "trainer_state.json")))
+    state_uri = storage.join(manager.step_uri(6), "trainer_state.json")
+    state = json.loads(storage.read_text(state_uri))
     assert state["runtime_source_digest"] == "d1" and state["global_step"] == 6
+    # One edited byte of the state (the data cursor 96 -> 97) is refused by the next reader, naming the file.
+    storage.write_text(state_uri, storage.read_text(state_uri).replace('"data_cursor": 96', '"data_cursor": 97'))
+    with pytest.raises(CorruptDocumentError, match=r"trainer_state\.json is corrupt: .*manifest lists"):
+        manager.resolve("latest", None)
+    with pytest.raises(CorruptDocumentError, match=r"trainer_state\.json is corrupt"):
+        read_state(manager.step_uri(6))
+    storage.write_text(state_uri, json.dumps(state, indent=2))  # restored byte for byte
     assert storage.exists(storage.join(manager.step_uri(6), "policy", "model.safetensors"))
     assert manager.resolve("none", None) is None
     assert manager.resolve("from_path", manager.step_uri(4)).step == 4
@@ -93,6 +102,17 @@ def test_a_completed_final_checkpoint_gets_its_terminal_manifest_without_trainin
     assert manifest["global_step"] == 4 == json.loads(terminal.read_text())["global_step"]
     assert manifest["hf_path"] == f"{root}/global_step_4/policy"
     assert loop.start_point(launch, str(tmp_path / "other.json"), manager, True) is None  # allow_retrain: step 0
+
+
+def test_the_terminal_manifest_is_written_only_from_a_verified_checkpoint(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "2026.09.21")
+    manager = CheckpointManager(launch.artifacts.checkpoint_root, 1, runtime.source_digest(), launch.run.fingerprint)
+    uri = manager.save(4, 64, {}, _write_policy)
+    Path(uri, "policy", "model.safetensors").write_text("weightz")  # one byte
+    terminal = tmp_path / "terminal.json"
+    with pytest.raises(ManifestMismatchError, match=r"policy/model\.safetensors"):
+        loop.run(launch, str(terminal))
+    assert not terminal.exists()
 
 
 def test_latest_never_resumes_another_configurations_checkpoint(tmp_path: Path) -> None:
