@@ -22,6 +22,7 @@ from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
+from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
@@ -125,10 +126,34 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
             "SNAKEMAKE_STORAGE_S3_ACCESS_KEY, SNAKEMAKE_STORAGE_S3_SECRET_KEY unless boto's own chain has them"
         )
     recheck_missing_directories()
+    bound_plugin_requests(workflow.storage_registry.default_storage_provider)
     if prefix.endswith(f"/{experiment}"):
         return prefix[: -len(experiment) - 1]
     settings.default_storage_prefix = f"{prefix}/{experiment}"
     return prefix
+
+
+def bound_plugin_requests(provider: Any) -> None:
+    """snakemake-storage-plugin-s3 makes its client with botocore's default timeouts (60 s to connect, 60 s to
+    read, per attempt): Snakemake's own uploads and probes of an endpoint that stopped answering block for
+    minutes. Its client is made again with rlbuild's connect and read timeouts (`storage.request_timeouts`), its
+    settings and `--storage-s3-retries` kept, so each of its requests ends within retries x (connect + read)."""
+    import boto3
+    from botocore.config import Config
+
+    if getattr(provider, "requests_bounded", False) or not hasattr(provider, "s3c"):
+        return
+    s = provider.settings
+    provider.s3c = boto3.resource(
+        "s3",
+        endpoint_url=s.endpoint_url,
+        region_name=s.region,
+        aws_access_key_id=s.access_key,
+        aws_secret_access_key=s.secret_key,
+        aws_session_token=s.token,
+        config=provider.s3c.meta.client.meta.config.merge(Config(**storage.request_timeouts())),
+    )
+    provider.requests_bounded = True
 
 
 def recheck_missing_directories() -> None:

@@ -37,6 +37,10 @@ S3 = "s3://"
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 S3_ATTEMPTS = 4
+# A folder transfer (put_dir, get_dir) is one call of many requests: each is bounded as above, and the whole call
+# by the one-request bound plus its bytes at this floor rate (a 16 GB checkpoint: about 4.5 hours), so a
+# transfer that trickles without ever timing out a request still ends.
+FLOOR_BYTES_PER_S = 1 << 20
 
 
 class StorageError(RlbuildError):
@@ -170,6 +174,17 @@ def s3_client() -> Any:
 def _whole_call(uri: str) -> dict[str, float]:
     """fsspec's whole-call deadline for an s3fs call of one object (none for local paths)."""
     return {"timeout": deadline_s()} if is_s3(uri) else {}
+
+
+def _transfer(size: int) -> dict[str, float]:
+    """fsspec's whole-call deadline for an s3fs transfer of `size` bytes in many requests."""
+    return {"timeout": deadline_s() + size / FLOOR_BYTES_PER_S}
+
+
+def request_timeouts() -> dict[str, float]:
+    """The connect and read timeouts of one S3 request, for clients rlbuild does not make (Snakemake's plugin)."""
+    timeouts = _s3_timeouts()
+    return {"connect_timeout": timeouts["connect_timeout"], "read_timeout": timeouts["read_timeout"]}
 
 
 def _bucket_key(uri: str) -> tuple[str, str]:
@@ -315,9 +330,10 @@ def put_dir(local: Path, uri: str, replace: bool = True) -> None:
     it: how the ranks of one checkpoint each add their own files)."""
     if is_s3(uri):
         fs, path = filesystem(uri)
-        if replace and fs.exists(path):
-            fs.rm(path, recursive=True)
-        fs.put(f"{str(local).rstrip('/')}/", path.rstrip("/") + "/", recursive=True)
+        if replace and fs.exists(path, **_whole_call(uri)):
+            fs.rm(path, recursive=True, **_whole_call(uri))
+        size = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
+        fs.put(f"{str(local).rstrip('/')}/", path.rstrip("/") + "/", recursive=True, **_transfer(size))
         return
     target = Path(uri)
     if replace:
@@ -332,7 +348,8 @@ def get_dir(uri: str, local: Path) -> Path:
     if not is_s3(uri):
         return Path(uri)
     fs, path = filesystem(uri)
-    fs.get(path.rstrip("/") + "/", f"{str(local).rstrip('/')}/", recursive=True)
+    size = int(fs.du(path, total=True, **_whole_call(uri)))
+    fs.get(path.rstrip("/") + "/", f"{str(local).rstrip('/')}/", recursive=True, **_transfer(size))
     return local
 
 
@@ -340,7 +357,7 @@ def get_dir(uri: str, local: Path) -> Path:
 def remove(uri: str) -> None:
     fs, path = filesystem(uri)
     if fs.exists(path, **_whole_call(uri)):
-        fs.rm(path, recursive=True)
+        fs.rm(path, recursive=True, **_whole_call(uri))
 
 
 @_reported

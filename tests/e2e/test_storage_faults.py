@@ -3,6 +3,7 @@ bounded time (or succeeds), no half-written artifact ever reads as complete, and
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -12,14 +13,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+from botocore.exceptions import BotoCoreError
 
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.launch import load_launch
 from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.dev.s3 import S3Server
+from rlbuild.workflow import bound_plugin_requests
 from tests.conftest import REPO, run_snakemake
 from tests.e2e.test_pipeline import VERSION, small_experiment
 from tests.faults import Fault, s3_proxy, wait_until
@@ -145,6 +149,16 @@ def moto_process() -> Iterator[tuple[S3Server, subprocess.Popen[bytes]]]:
         process.wait(timeout=30)
 
 
+def _snakemake_plugin(server: S3Server, retries: int, local: Path) -> Any:
+    """The S3 storage plugin's provider as Snakemake makes it, with the timeouts rlbuild's workflow gives it."""
+    from snakemake_storage_plugin_s3 import StorageProvider, StorageProviderSettings
+
+    settings = StorageProviderSettings(endpoint_url=server.endpoint, access_key="k", secret_key="s", retries=retries)
+    provider = StorageProvider(local_prefix=local, logger=logging.getLogger(), settings=settings)
+    bound_plugin_requests(provider)
+    return provider
+
+
 def test_a_stopped_storage_server_ends_each_storage_path_within_its_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,7 +178,15 @@ def test_a_stopped_storage_server_ends_each_storage_path_within_its_bound(
             "list_names": lambda: storage.list_names(root),
             "write_text": lambda: storage.write_text(f"{root}/b.txt", "z"),
             "read_tagged (boto3)": lambda: storage.read_tagged(f"{root}/a.txt"),
+            "put_dir": lambda: storage.put_dir(folder, f"{root}/folder"),
+            "get_dir": lambda: storage.get_dir(f"{root}/folder", tmp_path / "copy"),
+            "remove": lambda: storage.remove(f"{root}/folder"),
         }
+        folder = tmp_path / "folder"
+        folder.mkdir()
+        (folder / "f.bin").write_bytes(b"x" * 1000)
+        storage.put_dir(folder, f"{root}/folder")
+        plugin = _snakemake_plugin(server, retries=1, local=tmp_path / "plugin")  # 2 attempts, like rlbuild's
         os.kill(process.pid, signal.SIGSTOP)
         try:
             for name, call in calls.items():
@@ -174,6 +196,13 @@ def test_a_stopped_storage_server_ends_each_storage_path_within_its_bound(
                 elapsed = time.monotonic() - started
                 print(f"{name}: StorageUnavailableError after {elapsed:.1f} s (bound {bound} s)")
                 assert elapsed < 3 * bound, f"{name} took {elapsed:.0f} s"
+            # Snakemake's own S3 requests (its uploads, its existence probes), through its plugin's client.
+            started = time.monotonic()
+            with pytest.raises(BotoCoreError):
+                plugin.s3c.meta.client.head_object(Bucket=root.split("/")[2], Key="p/a.txt")
+            elapsed = time.monotonic() - started
+            print(f"snakemake's S3 plugin: a botocore error after {elapsed:.1f} s (bound {bound} s)")
+            assert elapsed < 3 * bound, f"the plugin's request took {elapsed:.0f} s"
             env = {k: v for k, v in os.environ.items() if k not in waits}  # status's own, shorter wait
             started = time.monotonic()
             status = subprocess.run(
