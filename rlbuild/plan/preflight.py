@@ -45,14 +45,23 @@ def parse_experiment(raw: Any, source: str) -> Experiment:
 
 
 def _arithmetic_of_parts(raw: dict[str, Any]) -> list[Violation]:
-    """Role-plan arithmetic of the sections that did parse, so one run reports every problem."""
+    """Role-plan arithmetic of the sections that did parse, and the recipe's own problems, so one run reports
+    every problem of every section (a role-plan typo must not hide a recipe typo)."""
+    found: list[Violation] = []
+    recipe = raw.get("recipe")
+    if isinstance(recipe, dict):
+        try:
+            Recipe.model_validate(recipe)
+        except ValidationError as exc:
+            # The keys the role plan renders are checked against it once it parses; here only what the recipe says.
+            found += violations(exc, recipe, Recipe, "recipe.")
     try:
         topology = Topology.model_validate(raw.get("topology"))
         plan = RolePlan.model_validate(raw.get("role_plan"))
         runtime = Runtime.model_validate(raw.get("runtime"))
     except ValidationError:
-        return []
-    return check_role_plan(topology, plan, runtime)
+        return found
+    return found + check_role_plan(topology, plan, runtime)
 
 
 def load_experiment(path: Path) -> Experiment:

@@ -811,3 +811,13 @@ def test_unknown_keys_suggest_the_closest_field(tmp_path: Path, capsys: pytest.C
     assert main(["check", str(path), "--json"]) == 2
     errors = {e["field"]: e for e in json.loads(capsys.readouterr().out)["errors"]}
     assert errors["role_plan.polcy_num_nodes"]["fix"] == "did you mean 'policy_num_nodes'?"
+
+
+def test_every_section_s_errors_come_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A role-plan typo, a recipe typo and a bad execution value in one file: all three in one run."""
+    doc = experiment(**{RP + "policy_num_nodes": DELETE, RP + "polcy_num_nodes": 4})
+    doc.setdefault("recipe", {}).setdefault("trainer", {})["max_step"] = 10
+    doc.setdefault("execution", {}).setdefault("iris", {})["priority"] = "urgentt"
+    assert main(["check", str(write(tmp_path, doc)), "--json"]) == 2
+    fields = {e["field"] for e in json.loads(capsys.readouterr().out)["errors"]}
+    assert {"role_plan.polcy_num_nodes", "recipe.trainer.max_step", "execution.iris.priority"} <= fields
