@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -41,10 +40,6 @@ def _package_version() -> str:
         return "unknown"
 
 
-# An S3 bucket's name as S3-compatible stores accept it (lower case, digits, '.', '-'; AWS itself wants 3+ characters).
-BUCKET_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
-
-
 def _storage_root(root: str) -> str:
     """A local folder (made absolute) or `s3://<bucket>[/<prefix>]`; anything else (an unset variable's empty
     bucket, a placeholder, another scheme) is bad input, not an empty experiment."""
@@ -52,9 +47,9 @@ def _storage_root(root: str) -> str:
         return str(Path(root).resolve())
     scheme, _, rest = root.partition("://")
     bucket = rest.split("/", 1)[0]
-    if scheme == "s3" and BUCKET_NAME.match(bucket) and ".." not in bucket:
+    if scheme == "s3" and storage.bucket_problem(bucket) is None:
         return root
-    why = f"scheme {scheme!r} is not s3" if scheme != "s3" else f"{bucket!r} is not a bucket name"
+    why = f"scheme {scheme!r} is not s3" if scheme != "s3" else storage.bucket_problem(bucket)
     raise PreflightError(
         "--storage-root",
         [

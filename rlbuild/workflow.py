@@ -125,6 +125,12 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
             "to s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX/<experiment>/), and SNAKEMAKE_STORAGE_S3_ENDPOINT_URL, "
             "SNAKEMAKE_STORAGE_S3_ACCESS_KEY, SNAKEMAKE_STORAGE_S3_SECRET_KEY unless boto's own chain has them"
         )
+    bucket = prefix.removeprefix("s3://").split("/")[0]
+    if prefix.startswith("s3://") and (problem := storage.bucket_problem(bucket)):
+        raise StorageSettingsError(
+            f"the default storage prefix {prefix!r} cannot be used: {problem}. Export RLBUILD_BUCKET and "
+            "RLBUILD_PREFIX with real values (artifacts go to s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX/<experiment>/)"
+        )
     recheck_missing_directories()
     bound_plugin_requests(workflow.storage_registry.default_storage_provider)
     if prefix.endswith(f"/{experiment}"):
@@ -474,6 +480,13 @@ class Graph:
                 self.leases.release_all()
                 fail(error)
         self.leases.start_heartbeat()
+        self.leases.clear_abandoned(self.experiment_root, self._complete)
+
+    def _complete(self, kind: str, version: str) -> bool:
+        """The artifact's record is in storage now (asked, not listed: the run is about to start)."""
+        return kind in RULE_KIND.values() and storage.exists(
+            storage.join(self.experiment_root, artifact(kind).record(version))
+        )
 
     def _unchanged_since_planned(self, kind: str, version: str) -> None:
         """Under its lease, the artifact's record is still what the plan was made from: one written after the

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import ipaddress
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,10 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import fsspec
 
-from rlbuild.core.errors import RlbuildError
+from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 
 S3 = "s3://"
 
@@ -124,6 +127,10 @@ def fsspec_options(uri: str) -> dict[str, Any]:
 
 def _s3_settings() -> dict[str, str | None]:
     env = os.environ
+    endpoint = env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL")
+    if endpoint and (problem := endpoint_problem(endpoint)):
+        fix = "export the store's http(s)://host[:port], or unset it for AWS S3"
+        raise PreflightError("the S3 settings", [Violation("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", problem, fix)])
     return {
         "endpoint_url": env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
         "aws_access_key_id": env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,
@@ -174,6 +181,42 @@ def s3_client() -> Any:
 def _whole_call(uri: str) -> dict[str, float]:
     """fsspec's whole-call deadline for an s3fs call of one object (none for local paths)."""
     return {"timeout": deadline_s()} if is_s3(uri) else {}
+
+
+# An S3 bucket's name as S3-compatible stores accept it (lower case, digits, '.', '-'; AWS itself wants 3+ characters).
+BUCKET_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+
+
+def bucket_problem(bucket: str) -> str | None:
+    """Why `bucket` cannot be an S3 bucket's name (an unset variable's empty one, a `...` placeholder); None if
+    it can."""
+    if BUCKET_NAME.match(bucket) and ".." not in bucket:
+        return None
+    return f"{bucket!r} is not a bucket name" + (" (an unset variable leaves it empty)" if not bucket else "")
+
+
+def endpoint_problem(url: str) -> str | None:
+    """Why `url` cannot be an S3 endpoint (a `http://...` placeholder, no scheme, a bad port); None if it can."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        return f"{url!r} is not a URL ({error})"
+    if parts.scheme not in ("http", "https"):
+        return f"{url!r} is not an http:// or https:// URL"
+    host = parts.hostname or ""
+    if not (HOST_NAME.match(host) or _is_ip(host)) or (port is not None and not 0 < port < 65536):
+        return f"{url!r} names no host (a placeholder?)"
+    return None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _transfer(size: int) -> dict[str, float]:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,6 +156,21 @@ class Leases:
         print(f"rlbuild: took over the stale lease of {what} from {describe(current)}", file=sys.stderr, flush=True)
         self.held[uri] = tag
         return None
+
+    def clear_abandoned(self, experiment_root: str, complete: Callable[[str, str], bool]) -> list[str]:
+        """Delete the leases other runs left on artifacts that are complete now (`complete(kind, version)`) and
+        whose holder is gone or stopped heartbeating: a killed run leaves the leases of what it had finished, and
+        they would name an owner that no longer exists. Returns the `<kind>/v<version>` cleared."""
+        cleared: list[str] = []
+        for key, document in held_leases(experiment_root).items():
+            kind, _, version = key.partition("/v")
+            if document.get("run") == self.holder.run:
+                continue
+            stale = time.time() - float(document.get("heartbeat_epoch", 0)) > self.stale_s
+            if (stale or holder_is_gone(document)) and complete(kind, version):
+                storage.remove(lease_uri(experiment_root, kind, version))
+                cleared.append(key)
+        return cleared
 
     def start_heartbeat(self) -> None:
         if self._thread is None and self.held:

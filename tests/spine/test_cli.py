@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlbuild.core import storage
 from tests.conftest import REPO, run_snakemake
 
 
@@ -87,3 +88,45 @@ def test_an_experiment_name_selects_its_file_even_beside_a_folder_of_that_name(
     (tmp_path / "tiny-addition").mkdir()  # what a local storage root in the working directory holds
     monkeypatch.chdir(tmp_path)
     assert experiment_file(repo, "tiny-addition") == repo / "config" / "experiments" / "tiny-addition.yaml"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://...", "names no host"),
+        ("...", "is not an http:// or https:// URL"),
+        ("s3.example.com", "is not an http:// or https:// URL"),
+        ("http://localhost:99999", "is not a URL"),
+        ("http://127.0.0.1:9000", None),
+        ("https://s3.us-east-1.amazonaws.com", None),
+        ("http://[::1]:9000", None),
+    ],
+)
+def test_an_endpoint_is_a_url_of_a_host(url: str, problem: str | None) -> None:
+    found = storage.endpoint_problem(url)
+    assert (found is None) if problem is None else (problem in str(found))
+
+
+def test_the_readme_s_placeholders_are_refused_in_one_line_each(tmp_path: Path) -> None:
+    """The README's Iris block typed with its `...`: bad input, exit 2, one line naming what to fix, no traceback."""
+    env = {**os.environ, "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": "http://..."}
+    status = subprocess.run(
+        [sys.executable, "-m", "rlbuild", "status", "--storage-root", "s3://bucket/p"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 2, status.stderr
+    assert "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL: 'http://...' names no host" in status.stderr
+    assert "Traceback" not in status.stderr
+    env = {"SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": "http://127.0.0.1:9", "SNAKEMAKE_STORAGE_S3_ACCESS_KEY": "k"}
+    env["SNAKEMAKE_STORAGE_S3_SECRET_KEY"] = "s"
+    dry = run_snakemake(
+        ["-n", "--default-storage-provider", "s3", "--default-storage-prefix", "s3://.../p"], cwd=tmp_path, env=env
+    )
+    assert dry.returncode != 0
+    assert "the default storage prefix 's3://.../p' cannot be used: '...' is not a bucket name" in dry.stderr
+    assert "Traceback" not in dry.stderr

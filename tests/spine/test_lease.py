@@ -100,3 +100,21 @@ def test_a_lease_of_a_killed_process_on_this_machine_is_taken_over_at_once(root:
     rerun.acquire(uri, "train")
     assert read_lease(uri)["run"] == rerun.holder.run  # type: ignore[index]
     rerun.release_all()
+
+
+def test_a_killed_runs_leases_of_completed_artifacts_are_cleared_by_the_next_run(root: str) -> None:
+    """A killed run leaves the leases of what it had finished; the next run clears those (their artifacts are
+    complete, their holder dead) and leaves alone a live holder's and an incomplete artifact's."""
+    finished, unfinished, live = (lease_uri(root, kind, "2026.09.21") for kind in ("stage_model", "train", "eval"))
+    dead = [_hold_in_another_process(finished), _hold_in_another_process(unfinished)]
+    alive = _hold_in_another_process(live)
+    try:
+        for holder in dead:
+            holder.kill()
+            holder.wait()
+        cleared = Leases().clear_abandoned(root, lambda kind, version: kind in ("stage_model", "eval"))
+        assert cleared == ["stage_model/v2026.09.21"]
+        assert set(held_leases(root)) == {"train/v2026.09.21", "eval/v2026.09.21"}
+    finally:
+        alive.kill()
+        alive.wait()
