@@ -97,6 +97,10 @@ def step_metrics(
     }
 
 
+LOG_FIRST_STEPS = 10  # steps a log shows each of, from a run's (or resume's) start
+LOG_LINES = 50  # progress lines a log shows over the rest of a run, besides checkpoints and evals
+
+
 class MetricsWriter:
     """Appends each step's line to the metrics stream, prints the progress line, warns when rewards stay zero."""
 
@@ -136,7 +140,7 @@ class MetricsWriter:
             self.stream.flush()
         if self.progress is not None:
             self.progress.step(step, force=flush)
-        print(self.progress_line(record), file=sys.stderr, flush=True)
+        self._print_progress(record, kept=flush or step >= self.max_steps or "eval/accuracy" in values)
         if self.wandb is not None:
             self.wandb.log(record, step=step)
 
@@ -152,6 +156,18 @@ class MetricsWriter:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _print_progress(self, record: dict[str, Any], kept: bool) -> None:
+        """On a terminal, one line updated in place (kept in the scrollback at checkpoints, evals and the end). In a
+        log, every step of the first LOG_FIRST_STEPS, then about LOG_LINES lines over the run, and every kept step:
+        a 500-step job log holds some 60 progress lines, not 500."""
+        line, step = self.progress_line(record), int(record["step"])
+        if sys.stderr.isatty():
+            print(f"\r\033[K{line}", end="\n" if kept else "", file=sys.stderr, flush=True)
+            return
+        every = max(1, self.max_steps // LOG_LINES)
+        if kept or step - self.first_step <= LOG_FIRST_STEPS or step % every == 0:
+            print(line, file=sys.stderr, flush=True)
 
     def progress_line(self, record: dict[str, Any]) -> str:
         """`step 41/500 | 0:00:12 elapsed, ETA 0:02:25 | reward 0.004 | kl 0.014 | ...`"""

@@ -3,8 +3,10 @@ the progress line and the zero-reward warning."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -128,3 +130,33 @@ def test_an_update_without_tokens_logs_no_per_token_statistics() -> None:
     assert values["reward/zero_variance_groups"] == 1.0 and values["sampling/signal_groups"] == 0
     values = step_metrics(sampled, 4, batch, {**stats, "train_tokens": 8.0}, 0.0, clock)
     assert values["policy/kl"] == 0.0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_log_holds_some_sixty_progress_lines_of_a_long_run_and_a_terminal_one_updated_in_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = {"reward/mean": 0.5, "reward/min": 0.0, "reward/max": 1.0, "perf/step_time_s": 0.1}
+    writer = MetricsWriter(MetricsStream(str(tmp_path / "log"), kept_until=-1), 500)
+    for n in range(1, 501):
+        writer.log(n, dict(step), flush=n % 100 == 0)  # a checkpoint every 100 steps
+    shown = [int(line.split("/")[0].rsplit(" ", 1)[1]) for line in capsys.readouterr().err.splitlines()]
+    assert shown[:10] == list(range(1, 11)) and shown[-1] == 500  # the start, each checkpoint, the end
+    assert {100, 200, 300, 400} <= set(shown) and len(shown) == 10 + 50 - 1  # 10 first, every 10th after step 10
+    assert len(writer.records()) == 500  # the metrics stream keeps every step
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    writer = MetricsWriter(MetricsStream(str(tmp_path / "tty"), kept_until=-1), 20)
+    for n in range(1, 21):
+        writer.log(n, dict(step), flush=n == 10)
+    text = terminal.getvalue()
+    assert text.count("\r\033[K[trainer] step ") == 20  # every step redraws the one line
+    assert [line.rsplit("\r\033[K", 1)[-1].split("/")[0] for line in text.split("\n") if line] == [
+        "[trainer] step 10",
+        "[trainer] step 20",
+    ]  # only a checkpoint and the end stay in the scrollback
