@@ -1,4 +1,5 @@
-"""`rlbuild status` on real local runs: a training that advances, then a paused trainer reported as stalled."""
+"""`rlbuild status` on real local runs: a training that advances, a paused trainer reported as stalled, and the
+run SIGKILLed reported failed (owner gone), not starting or healthy on its leftover lease and progress."""
 
 from __future__ import annotations
 
@@ -99,6 +100,11 @@ def test_status_follows_a_training_and_reports_a_paused_trainer_as_stalled(tmp_p
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     assert storage.exists(str(results / "watched" / "train" / f"v{VERSION}.identity.json")) is False
+    # SIGKILLed: the lease still names the dead Snakemake (its heartbeat seconds old), the progress a dead trainer.
+    gone = status(experiment, results)
+    entry = train_entry(gone)
+    assert entry["state"] == "failed" and "(owner gone)" in entry["verdict"], entry
+    assert f"pid {process.pid} no longer runs" in entry["verdict"] and gone["verdict"] == entry["verdict"], gone
 
 
 def test_a_version_that_cannot_be_resolved_is_bad_input_not_a_verdict(tmp_path: Path) -> None:
