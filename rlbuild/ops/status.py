@@ -131,7 +131,7 @@ def overall(versions: Entry, coordinators: list[Entry] | None = None) -> str:
     if any(e["state"] == "running" for e in entries):
         return "running"
     if any(e["state"] == "leased" for e in entries):
-        waiting = ", ".join(f"{artifact(k).version_folder(v)}" for (v, k), e in shown.items() if e["state"] == "leased")
+        waiting = ", ".join(artifact(k).version_folder(v) for (v, k), e in shown.items() if e["state"] == "leased")
         return f"leased: {waiting} held by a live run; nothing confirms their jobs started"
     missing = [e for e in entries if e["state"] not in ("done", "stale")]
     stale = [
@@ -492,8 +492,9 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
         last = next((line for line in reversed(attempt.get("tail", [])) if "exited with code" not in line), "")
         return f"failed: attempt {attempt.get('id')} exited with code {attempt.get('exit_code')}: {last.strip()}"
     if state == "leased":
+        seen = "" if ladder.get("last_step") is None else f" (its last step {ladder['last_step']} is older)"
         return (
-            "leased: a live run holds it, but no trainer, gang or job process confirms its training started "
+            f"leased: a live run holds it, but no trainer, gang or job process confirms its training runs{seen} "
             "(it waits for its inputs, or runs where status cannot see it)"
         )
     if state != "running":

@@ -28,7 +28,7 @@ from rlbuild.contracts.progress import Progress, progress_uri
 from rlbuild.core import storage
 from rlbuild.dev.built import write_built
 from rlbuild.dev.launches import write_test_launch
-from rlbuild.ops.lease import Leases, held_leases, lease_uri
+from rlbuild.ops.lease import Holder, Leases, held_leases, lease_uri
 from rlbuild.ops.status import (
     BUILT_FROM,
     STALL_AFTER_S,
@@ -187,6 +187,13 @@ def killed(b: Built) -> None:
     assert result.returncode == -9
 
 
+def heartbeat_stopped(b: Built) -> None:
+    """The run on another machine stopped refreshing its lease five minutes ago (its machine died)."""
+    b.unbuild("train", "export", "eval")
+    holder = json.loads(Holder(host="node-7").document()) | {"heartbeat_epoch": time.time() - 300}
+    storage.write_json(lease_uri(b.plan.experiment_root, "train", VERSION), holder)
+
+
 def checkpointed_before_progress(b: Built) -> None:
     """The trainer saved the checkpoint of step 120 and has not yet published the step (it does so after)."""
     b.unbuild("train", "export", "eval")
@@ -241,6 +248,7 @@ CASES: dict[str, tuple[Callable[[Built], None], dict[str, str], str]] = {
         f"leased: train/v{VERSION}, export/v{VERSION}, eval/v{VERSION} held by a live run",
     ),
     "exporting": (exporting, {"train": "done", "export": "running", "eval": "leased"}, "running$"),
+    "heartbeat stopped": (heartbeat_stopped, {"train": "failed: stopped heartbeating 5 min ago"}, "(owner gone)"),
     "killed": (
         killed,
         {"train": "failed", "export": "missing"},
