@@ -5,8 +5,9 @@ Each artifact is in one state, and a state is only claimed on evidence:
 - `done`: its record is stored, matches the configuration, and is newer than the record of every artifact it is
   built from (BUILT_FROM, the rules' inputs), each `done` too, whose identity it names in `deps`.
 - `stale`: a record from another configuration, or one Snakemake would rebuild because something it is built
-  from was rebuilt after it (a newer `created_at`: Snakemake's mtime trigger, read from the records), now names
-  another identity, or is itself not `done`. The reason names that artifact.
+  from was rebuilt after it (a newer `created_at`: Snakemake's mtime trigger, read from the records; for train,
+  the time its terminal's checkpoint was saved, as Snakemake's checksum of terminal.json sees a re-emission), now
+  names another identity, or is itself not `done`. The reason names that artifact.
 - `running`: a live process or the scheduler confirms its job runs. For train: the trainer's own process (its
   `progress.json` names host and pid; on this host the pid is asked), the gang's scheduler job, ranks alive in the
   rendezvous, or a trainer on another host that published a step within the stall threshold. For every other
@@ -31,6 +32,7 @@ from what the gang and the trainer publish in storage (rlbuild/contracts/progres
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -189,10 +191,12 @@ def version_status(
             entry |= {"state": "stale" if changed else "done", "built_at": record.get("created_at")}
             if a.kind in drifts:
                 entry["changed"] = sorted(drifts[a.kind])
-            elif not changed and (why := outdated_by(plan.version, a.kind, record, entries, stored.read)):
+            elif not changed and (why := outdated_by(plan, a.kind, record, entries, stored.read)):
                 entry |= {"state": "stale", "stale_because": why}
         else:
             entry |= lease_state(leases.get(f"{a.kind}/v{plan.version}"), now, opts, a.record(plan.version))
+            if entry["state"] == "leased" and (waits := unbuilt_input(plan.version, a.kind, entries)):
+                entry["verdict"] = f"leased: a live run holds it; its job waits for {waits[0]} ({waits[1]})"
         if a.kind == "train" and entry["state"] != "done":
             entry |= train_ladder(plan.launch, entry, opts, now)
         entries[a.kind] = entry
@@ -200,25 +204,50 @@ def version_status(
 
 
 def outdated_by(
-    version: str, kind: str, record: Entry, entries: Entry, read: Callable[[str], Entry | None]
+    plan: Plan, kind: str, record: Entry, entries: Entry, read: Callable[[str], Entry | None]
 ) -> str | None:
     """Why Snakemake would rebuild an artifact whose own record is current: something it is built from is not
-    done, names another identity than the one its record was built from, or was rebuilt after it."""
+    done, names another identity than the one its record was built from, or was made after it."""
+    unbuilt = unbuilt_input(plan.version, kind, entries)
+    if unbuilt:
+        return f"built from {unbuilt[0]}, which is {unbuilt[1]} now"
     built = _moment(record.get("created_at"))
     for upstream in BUILT_FROM.get(kind, ()):
         if upstream not in entries:
             continue
-        folder = artifact(upstream).version_folder(version)
-        state = entries[upstream]["state"]
-        if state != "done":
-            return f"built from {folder}, which is {state} now"
+        folder = artifact(upstream).version_folder(plan.version)
         found = read(upstream) or {}
         used = (record.get("deps") or {}).get(upstream)
         if used and found.get("identity") and used != found["identity"]:
             return f"built from {used}, but {folder} is now {found['identity']}"
         rebuilt = _moment(found.get("created_at"))
-        if built is not None and rebuilt is not None and rebuilt > built:
+        if built is None or rebuilt is None or rebuilt <= built:
+            continue
+        trained = trained_at(plan) if upstream == "train" else rebuilt
+        if trained is None or trained > built:
             return f"built at {record['created_at']} from {folder}, which was rebuilt at {found['created_at']}"
+    return None
+
+
+def trained_at(plan: Plan) -> datetime | None:
+    """When the training the train artifact's terminal.json names was saved (its checkpoint's trainer state), or
+    None when that cannot be read. What is below train takes terminal.json, not train's record: a terminal
+    re-emitted from a completed final checkpoint (a rerun of train that trains nothing) has the same bytes, and
+    Snakemake, which compares an input's checksum before its mtime, rebuilds nothing below it."""
+    text = storage.read_text(plan.uri(artifact("train").path(plan.version)))
+    try:
+        checkpoint = json.loads(text or "{}").get("checkpoint_path")
+    except (ValueError, AttributeError):
+        return None
+    state = checkpoints.read_state(checkpoint) if isinstance(checkpoint, str) and checkpoint else None
+    return _moment((state or {}).get("created_at"))
+
+
+def unbuilt_input(version: str, kind: str, entries: Entry) -> tuple[str, str] | None:
+    """The first artifact `kind` is built from that is not done: (its version folder, its state), or None."""
+    for upstream in BUILT_FROM.get(kind, ()):
+        if upstream in entries and entries[upstream]["state"] != "done":
+            return artifact(upstream).version_folder(version), entries[upstream]["state"]
     return None
 
 

@@ -140,10 +140,28 @@ def built(tmp_path: Path) -> Iterator[Built]:
         child.wait()
 
 
-def retrained(b: Built) -> None:
-    """`snakemake --forcerun train --config allow_retrain=true -- train/v<V>/terminal.json`: the train job wrote
-    its record again (now), export and eval kept theirs (an hour old)."""
+def terminal(b: Built, saved_at: datetime) -> None:
+    """The train job's outputs: its final checkpoint (saved at `saved_at`), terminal.json naming it, its record."""
+    a = b.plan.launch.artifacts
+    checkpoint = CheckpointManager(a.checkpoint_root, 2, "digest").save(4, 0, {}, lambda uri: {})
+    state = json.loads(storage.read_text(storage.join(checkpoint, "trainer_state.json")) or "{}")
+    state["created_at"] = saved_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    storage.write_text(storage.join(checkpoint, "trainer_state.json"), json.dumps(state, indent=2))
+    storage.write_json(b.plan.uri(artifact("train").path(VERSION)), {"global_step": 4, "checkpoint_path": checkpoint})
     b.write_record("train", derived_record(b.record("launch"), "train"))
+
+
+def retrained(b: Built) -> None:
+    """`snakemake --forcerun train --config allow_retrain=true -- train/v<V>/terminal.json`: the train job trained
+    from step 0 and wrote its outputs again (now); export and eval kept theirs (an hour old)."""
+    terminal(b, datetime.now(UTC))
+
+
+def reemitted(b: Built) -> None:
+    """A rerun of train that trains nothing (`--rerun-incomplete` after Snakemake was killed as the training
+    finished): terminal.json written again, the same bytes, from the final checkpoint saved two hours ago, before
+    export and eval were built; Snakemake compares terminal.json's checksum and rebuilds neither."""
+    terminal(b, datetime.now(UTC) - timedelta(hours=2))
 
 
 def exported_from_another_launch(b: Built) -> None:
@@ -232,6 +250,7 @@ CASES: dict[str, tuple[Callable[[Built], None], dict[str, str], str]] = {
         },
         f"stale: export \\(built at .* {REBUILT}.*eval",
     ),
+    "re-emitted terminal": (reemitted, {"train": "done", "export": "done", "eval": "done"}, "done$"),
     "deps name another identity": (
         exported_from_another_launch,
         {"export": "stale: built from tiny-addition/launch@2026.09.21:0123456789abcdef, but launch/v", "eval": "stale"},
@@ -244,7 +263,7 @@ CASES: dict[str, tuple[Callable[[Built], None], dict[str, str], str]] = {
     ),
     "leased behind train": (
         leased_behind_train,
-        {"train": "leased", "export": "leased", "eval": "leased"},
+        {"train": "leased", "export": f"leased: .*waits for train/v{VERSION} \\(leased\\)", "eval": "leased"},
         f"leased: train/v{VERSION}, export/v{VERSION}, eval/v{VERSION} held by a live run",
     ),
     "exporting": (exporting, {"train": "done", "export": "running", "eval": "leased"}, "running$"),
