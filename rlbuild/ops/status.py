@@ -2,8 +2,8 @@
 
 Each artifact is in one state, and a state is only claimed on evidence:
 
-- `done`: its record is stored, matches the configuration, and is newer than the record of every artifact it is
-  built from (BUILT_FROM, the rules' inputs), each `done` too, whose identity it names in `deps`.
+- `done`: its record is stored, matches the configuration, and is no older than the record of every artifact it
+  is built from (BUILT_FROM, the rules' inputs), each `done` too, whose identity it names in `deps`.
 - `stale`: a record from another configuration, or one Snakemake would rebuild because something it is built
   from was rebuilt after it (a newer `created_at`: Snakemake's mtime trigger, read from the records; for train,
   the time its terminal's checkpoint was saved, as Snakemake's checksum of terminal.json sees a re-emission), now
@@ -27,7 +27,8 @@ newest of the metric stream, `progress.json` and the latest checkpoint's `traine
 shown never runs ahead of it; steps/min and ETA come from the trainer's own rate (its attempt's steps over the
 attempt's wall time, as its progress line computes it), else from the metric stream's step times. The verdict is
 one line a person can act on; a failed detached coordinator makes it `failed` naming the job. Everything comes
-from what the gang and the trainer publish in storage (rlbuild/contracts/progress.py): no node is asked.
+from what the gang and the trainer publish in storage (rlbuild/contracts/progress.py), the scheduler, and, for
+a run on this very host, its process table: no node is asked.
 """
 
 from __future__ import annotations
