@@ -137,6 +137,7 @@ def following(experiment_root: str, url: str | None) -> list[dict[str, Any]]:
             "job": r["job"],
             "targets": r.get("targets"),
             "job_state": states[r["job"]].word,
+            "job_phase": states[r["job"]].phase.value,
             "job_state_note": states[r["job"]].note,
         }
         for r in found

@@ -1,25 +1,52 @@
 """`rlbuild status`: what storage (and, for a running job, the scheduler) says about every artifact of a version.
 
-Each artifact is `done` (its record is stored and matches the configuration), `stale` (a record from another
-configuration), `running` (a run holds its lease and heartbeats, or its trainer is stepping), `failed` (its last
-attempt ended badly, or the run that leased it stopped heartbeating) or `missing`. A train that runs or failed
-also gets the monitoring ladder (seed 003): the scheduler's job state and attempt, ranks that materialised their
-inputs, Ray nodes alive N/N, engine throughput, where it resumed, the last step and its age, steps/min and ETA,
-the last checkpoint, restarts, and the redacted tail of the failure; and a verdict a person can act on.
-Everything comes from what the gang and the trainer publish in storage (rlbuild/contracts/progress.py): no node
-is asked.
+Each artifact is in one state, and a state is only claimed on evidence:
+
+- `done`: its record is stored, matches the configuration, and is no older than the record of every artifact it
+  is built from (BUILT_FROM, the rules' inputs), each `done` too, whose identity it names in `deps`.
+- `stale`: a record from another configuration, or one Snakemake would rebuild because something it is built
+  from was rebuilt after it (a newer `created_at`: Snakemake's mtime trigger, read from the records; for train,
+  the time its terminal's checkpoint was saved, as Snakemake's checksum of terminal.json sees a re-emission), now
+  names another identity, or is itself not `done`. The reason names that artifact.
+- `running`: a live process or the scheduler confirms its job runs. For train: the trainer's own process (its
+  `progress.json` names host and pid; on this host the pid is asked), the gang's scheduler job, ranks alive in the
+  rendezvous, or a trainer on another host that published a step within the stall threshold. For every other
+  kind: a process under the lease holder (on this host) whose command line writes the artifact's record (every
+  rule's shell passes `--record <record>`).
+- `leased`: a live run holds its lease but nothing confirms its job started: it waits behind what it is built
+  from, or runs where status cannot see (a remote executor's export or eval job publishes nothing).
+- `failed`: its last attempt ended badly, its gang's scheduler job ended, or the run that leased it is gone
+  (owner gone): its process is gone from this host (`lease.holder_is_gone`), its heartbeat is older than
+  `lease.STALE_S`, or the scheduler job it ran in ended. A fresh heartbeat never outweighs a dead owner.
+- `missing`: nothing of it is stored and nobody builds it.
+
+A train that is not done also gets the monitoring ladder (seed 003): the scheduler's job state and attempt, ranks
+that materialised their inputs, Ray nodes alive N/N, engine throughput, where it resumed, the last step and its
+age, steps/min and ETA, the last checkpoint, restarts, and the redacted tail of the failure. The last step is the
+newest of the metric stream, `progress.json` and the latest checkpoint's `trainer_state.json`, so the checkpoint
+shown never runs ahead of it; steps/min and ETA come from the trainer's own rate (its attempt's steps over the
+attempt's wall time, as its progress line computes it), else from the metric stream's step times. The verdict is
+one line a person can act on; a failed detached coordinator makes it `failed` naming the job. Everything comes
+from what the gang and the trainer publish in storage (rlbuild/contracts/progress.py), the scheduler, and, for
+a run on this very host, its process table: no node is asked.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+import psutil
+
 from rlbuild.contracts import checkpoints
-from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact
+from rlbuild.contracts.artifacts import ARTIFACTS, KINDS, MUTABLE_VERSION, artifact, kind_of_target
 from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import attempt_starts, read_run_metrics
 from rlbuild.contracts.progress import HEARTBEAT_S, read_progress
@@ -30,7 +57,7 @@ from rlbuild.core.redact import redact_text
 from rlbuild.job.attempt import log_uri
 from rlbuild.job.rendezvous import Rendezvous
 from rlbuild.ops.coordinator import following
-from rlbuild.ops.lease import STALE_S, describe, held_leases
+from rlbuild.ops.lease import STALE_S, describe, held_leases, holder_is_gone
 from rlbuild.plan.identity import record_drift
 from rlbuild.plan.resolve import Plan, resolve
 from rlbuild.plan.spec import Experiment
@@ -72,9 +99,9 @@ def gather(
             found[version] = {"error": redact_text(str(error))}
             continue
         found[version] = version_status(plan, leases, kinds, opts, now, inventory)
+    coordinators = following(root, opts.iris_url)
     document = {"experiment": experiment.name, "storage_root": storage_root, "versions": found}
-    document["coordinators"] = following(root, opts.iris_url)
-    return document | {"verdict": overall(found)}
+    return document | {"coordinators": coordinators, "verdict": overall(found, coordinators)}
 
 
 def unscoped(storage_root: str, experiment: str) -> str:
@@ -85,20 +112,63 @@ def unscoped(storage_root: str, experiment: str) -> str:
     return storage_root
 
 
-def overall(versions: Entry) -> str:
-    """One line for the whole selection: the train's verdict where one runs or failed, else what is left."""
+def overall(versions: Entry, coordinators: list[Entry] | None = None) -> str:
+    """One line for the whole selection: a failure first (an artifact's or a detached coordinator's), then the
+    train's verdict where one runs, then what runs, waits or is left to build."""
     unresolved = [version for version, kinds in versions.items() if "error" in kinds]
     if unresolved:
         return f"invalid: version {', '.join(unresolved)} cannot be resolved (the error is above)"
-    entries = [e for kinds in versions.values() for e in kinds.values() if isinstance(e, dict)]
-    for word in ("failed", "stalled", "degraded", "healthy", "starting"):
+    shown = {(v, k): e for v, kinds in versions.items() for k, e in kinds.items() if isinstance(e, dict)}
+    entries = list(shown.values())
+    for entry in entries:
+        if str(entry.get("verdict", "")).startswith("failed"):
+            return str(entry["verdict"])
+    for coordinator in coordinators or []:
+        if coordinator.get("job_phase") == Phase.FAILED.value and not _targets_done(coordinator, shown):
+            targets = " ".join(coordinator.get("targets") or [])
+            return f"failed: coordinator Iris job {coordinator['job']} is {coordinator.get('job_state')} ({targets})"
+    for word in ("stalled", "degraded", "healthy", "starting"):
         for entry in entries:
             if str(entry.get("verdict", "")).startswith(word):
                 return str(entry["verdict"])
     if any(e["state"] == "running" for e in entries):
         return "running"
-    left = [e["state"] for e in entries if e["state"] != "done"]
-    return "done" if not left and entries else f"{len(left)} of {len(entries)} artifacts not built"
+    if any(e["state"] == "leased" for e in entries):
+        waiting = ", ".join(artifact(k).version_folder(v) for (v, k), e in shown.items() if e["state"] == "leased")
+        return f"leased: {waiting} held by a live run; nothing confirms their jobs started"
+    missing = [e for e in entries if e["state"] not in ("done", "stale")]
+    stale = [
+        f"{k} ({e.get('stale_because') or 'another configuration'})"
+        for (_, k), e in shown.items()
+        if e["state"] == "stale"
+    ]
+    if not missing and not stale:
+        return "done" if entries else "0 of 0 artifacts not built"
+    parts = [f"{len(missing)} of {len(entries)} artifacts not built"] if missing else []
+    return "; ".join(parts + ([f"stale: {', '.join(stale)}"] if stale else []))
+
+
+def _targets_done(coordinator: Entry, shown: dict[tuple[str, str], Entry]) -> bool:
+    """Every target of the coordinator is shown here and done: its failure was repaired since (a later run)."""
+    wanted = []
+    for target in coordinator.get("targets") or []:
+        match = re.search(r"/v([^/]+)", target)
+        kind = kind_of_target(target)
+        if kind is None or match is None:
+            return False
+        wanted.append((match[1], kind))
+    return bool(wanted) and all(shown.get(key, {}).get("state") == "done" for key in wanted)
+
+
+# What each artifact is built from: the artifact inputs of its rule (rules/*.smk), which Snakemake's mtime trigger
+# compares against the rule's outputs (tests/spine/test_status_units.py checks this against the rules).
+BUILT_FROM: dict[str, tuple[str, ...]] = {
+    "stage_model": ("base_model",),
+    "launch": ("stage_model", "stage_data"),
+    "train": ("launch", "stage_model", "stage_data"),
+    "export": ("launch", "train", "stage_model", "stage_data"),
+    "eval": ("launch", "export", "stage_data"),
+}
 
 
 def version_status(
@@ -122,59 +192,215 @@ def version_status(
             entry |= {"state": "stale" if changed else "done", "built_at": record.get("created_at")}
             if a.kind in drifts:
                 entry["changed"] = sorted(drifts[a.kind])
+            elif not changed and (why := outdated_by(plan, a.kind, record, entries, stored.read)):
+                entry |= {"state": "stale", "stale_because": why}
         else:
-            entry |= lease_state(leases.get(f"{a.kind}/v{plan.version}"), now)
+            entry |= lease_state(leases.get(f"{a.kind}/v{plan.version}"), now, opts, a.record(plan.version))
+            if entry["state"] == "leased" and (waits := unbuilt_input(plan.version, a.kind, entries)):
+                entry["verdict"] = f"leased: a live run holds it; its job waits for {waits[0]} ({waits[1]})"
         if a.kind == "train" and entry["state"] != "done":
             entry |= train_ladder(plan.launch, entry, opts, now)
         entries[a.kind] = entry
     return entries
 
 
-def lease_state(lease: Entry | None, now: float) -> Entry:
+def outdated_by(
+    plan: Plan, kind: str, record: Entry, entries: Entry, read: Callable[[str], Entry | None]
+) -> str | None:
+    """Why Snakemake would rebuild an artifact whose own record is current: something it is built from is not
+    done, names another identity than the one its record was built from, or was made after it."""
+    unbuilt = unbuilt_input(plan.version, kind, entries)
+    if unbuilt:
+        return f"built from {unbuilt[0]}, which is {unbuilt[1]} now"
+    built = _moment(record.get("created_at"))
+    for upstream in BUILT_FROM.get(kind, ()):
+        if upstream not in entries:
+            continue
+        folder = artifact(upstream).version_folder(plan.version)
+        found = read(upstream) or {}
+        used = (record.get("deps") or {}).get(upstream)
+        if used and found.get("identity") and used != found["identity"]:
+            return f"built from {used}, but {folder} is now {found['identity']}"
+        rebuilt = _moment(found.get("created_at"))
+        if built is None or rebuilt is None or rebuilt <= built:
+            continue
+        trained = trained_at(plan) if upstream == "train" else rebuilt
+        if trained is None or trained > built:
+            return f"built at {record['created_at']} from {folder}, which was rebuilt at {found['created_at']}"
+    return None
+
+
+def trained_at(plan: Plan) -> datetime | None:
+    """When the training the train artifact's terminal.json names was saved (its checkpoint's trainer state), or
+    None when that cannot be read. What is below train takes terminal.json, not train's record: a terminal
+    re-emitted from a completed final checkpoint (a rerun of train that trains nothing) has the same bytes, and
+    Snakemake, which compares an input's checksum before its mtime, rebuilds nothing below it."""
+    text = storage.read_text(plan.uri(artifact("train").path(plan.version)))
+    try:
+        checkpoint = json.loads(text or "{}").get("checkpoint_path")
+    except (ValueError, AttributeError):
+        return None
+    state = checkpoints.read_state(checkpoint) if isinstance(checkpoint, str) and checkpoint else None
+    return _moment((state or {}).get("created_at"))
+
+
+def unbuilt_input(version: str, kind: str, entries: Entry) -> tuple[str, str] | None:
+    """The first artifact `kind` is built from that is not done: (its version folder, its state), or None."""
+    for upstream in BUILT_FROM.get(kind, ()):
+        if upstream in entries and entries[upstream]["state"] != "done":
+            return artifact(upstream).version_folder(version), entries[upstream]["state"]
+    return None
+
+
+def _moment(text: Any) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def lease_state(lease: Entry | None, now: float, opts: Options, record_path: str) -> Entry:
+    """An artifact without a record: `missing`, `failed` when the run that leased it is gone, `running` when a
+    process of that run builds it, else `leased`."""
     if lease is None:
         return {"state": "missing"}
-    age = now - float(lease.get("heartbeat_epoch", 0))
     holder = {k: lease.get(k) for k in ("run", "user", "host", "pid", "job", "since")}
-    if age <= STALE_S:
-        return {"state": "running", "holder": holder, "holder_text": describe(lease)}
-    return {
-        "state": "failed",
-        "holder": holder,
-        "verdict": f"failed: the run building it stopped heartbeating {age / 60:.0f} min ago ({describe(lease)})",
+    found: Entry = {"holder": holder, "holder_text": describe(lease)}
+    gone = owner_gone(lease, now, opts)
+    if gone:
+        return found | {"state": "failed", "verdict": f"failed: the run building it {gone} (owner gone)"}
+    pid = job_process(lease, record_path)
+    if pid is not None:
+        return found | {"state": "running", "job_pid": pid}
+    return found | {
+        "state": "leased",
+        "verdict": "leased: a live run holds it, but no process of that run is seen building it (it waits for its "
+        "inputs, or runs where status cannot see it)",
     }
+
+
+def owner_gone(lease: Entry, now: float, opts: Options) -> str | None:
+    """How the run holding a lease is known to be gone, or None: its process is gone from this host, its
+    heartbeat stopped, or the scheduler job it ran in (the lease's `job`) ended."""
+    if holder_is_gone(lease):
+        return f"is gone: pid {lease.get('pid')} no longer runs on {lease.get('host')}"
+    age = now - float(lease.get("heartbeat_epoch", 0))
+    if age > STALE_S:
+        return f"stopped heartbeating {age / 60:.0f} min ago"
+    task = str(lease.get("job") or "")
+    # The lease's `job` is IRIS_TASK_ID (`/<user>/<job>/<index>:<attempt>`) or SLURM_JOB_ID (digits).
+    scheduler, job = ("iris", task.rpartition("/")[0]) if task.startswith("/") else ("slurm", task)
+    if not job:
+        return None
+    state = scheduler_state(scheduler, job, opts)
+    if Phase(state["job_phase"]).ended:
+        return f"ran in {scheduler} job {job}, which is {state['job_state']}"
+    return None
+
+
+def job_process(lease: Entry, record_path: str) -> int | None:
+    """The pid of the lease holder's job that builds the artifact, where the holder runs on this host: a process
+    under it whose command line writes the artifact's record (`--record <record>` in every rule's shell)."""
+    if lease.get("host") != socket.gethostname():
+        return None
+    try:
+        holder = psutil.Process(int(lease["pid"]))
+        if abs(holder.create_time() - float(lease.get("started") or 0)) > 1.0:
+            return None  # a reused pid
+        children = holder.children(recursive=True)
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return None
+    writes = re.compile(rf"--record\s+['\"]?\S*{re.escape(record_path)}")
+    for child in children:
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if writes.search(command):
+            return child.pid
+    return None
 
 
 def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float) -> Entry:
     """The ladder of a train that is not done, and its state and verdict from it."""
     a = launch.artifacts
+    max_steps = launch.recipe.trainer.max_steps
     progress = read_progress(a.attempts_root)
     records, _ = read_run_metrics(a.metrics_uri, a.metrics_segments_root)
     starts = attempt_starts(a.metrics_segments_root)
-    last_step = max([int(r["step"]) for r in records] + [int(progress["step"]) if progress else -1])
+    checkpoint = checkpoints.latest_step(a.checkpoint_root)
+    last_step, last_time = newest_step(records, progress, a.checkpoint_root, checkpoint)
     ladder: Entry = {
-        "max_steps": launch.recipe.trainer.max_steps,
-        "last_step": last_step if last_step >= 0 else None,
+        "max_steps": max_steps,
+        "last_step": last_step,
         # The trainer's clock, read on this machine's: a clock behind the node's must not make an age negative.
-        "last_step_age_s": round(max(now - float(progress["time"]), 0.0), 1) if progress else None,
+        "last_step_age_s": round(max(now - last_time, 0.0), 1) if last_time is not None else None,
         "trainer_starts": len(starts),
         "resumed_from": starts[-1] if starts and starts[-1] >= 0 else None,
-        "last_checkpoint": checkpoints.latest_step(a.checkpoint_root),
-        **pace(records, launch.recipe.trainer.max_steps, last_step),
+        "last_checkpoint": checkpoint,
+        **pace(records, max_steps, last_step if last_step is not None else -1, progress, starts),
         "gang": gang_state(launch.ray.rendezvous_dir, launch.iris.allocation.num_nodes, opts, now),
     }
     attempt = last_attempt(a.attempts_root)
     ladder["attempt"] = attempt
     ladder["stall_after_s"] = stall_threshold(opts, ladder.get("step_time_s"))
-    stepping = progress is not None and now - float(progress["time"]) <= ladder["stall_after_s"]
-    if entry["state"] == "running" and job_ended(ladder["gang"]):
+    alive = trainer_alive(progress, ladder, entry, now)
+    if alive:
+        ladder["alive"] = alive
+    if entry["state"] == "failed":  # its owner is gone: whatever still runs builds nothing
+        return {"state": "failed", "ladder": ladder, "verdict": verdict("failed", ladder, entry, opts)}
+    if job_ended(ladder["gang"]) and entry["state"] != "missing":
         state = "failed"
-    elif entry["state"] == "running" or (stepping and not _exited(attempt)):
+    elif alive and not _exited(attempt):
         state = "running"
     elif attempt is not None and attempt.get("exit_code") not in (None, 0):
         state = "failed"
     else:
-        state = entry["state"]
+        state = "leased" if entry["state"] in ("leased", "running") else entry["state"]
     return {"state": state, "ladder": ladder, "verdict": verdict(state, ladder, entry, opts)}
+
+
+def newest_step(
+    records: list[Entry], progress: Entry | None, checkpoint_root: str, checkpoint: int | None
+) -> tuple[int | None, float | None]:
+    """The last step and when it was published, from the newest of the metric stream, `progress.json` and the
+    latest checkpoint's trainer state (written before the step's progress: a checkpoint never runs ahead)."""
+    step = max([int(r["step"]) for r in records] + [int(progress["step"]) if progress else -1])
+    when = float(progress["time"]) if progress else None
+    if checkpoint is not None and checkpoint > step:
+        state = checkpoints.read_state(checkpoints.step_uri(checkpoint_root, checkpoint)) or {}
+        step = int(state.get("global_step", checkpoint))
+        saved = _moment(state.get("created_at"))
+        when = saved.timestamp() if saved is not None else when
+    return (step, when) if step >= 0 else (None, None)
+
+
+def trainer_alive(progress: Entry | None, ladder: Entry, entry: Entry, now: float) -> str | None:
+    """What confirms the trainer (or its job) runs, or None: its process on this host, its scheduler job running,
+    gang ranks alive, the run's job process, or a trainer on another host that stepped within the stall threshold."""
+    gang = ladder.get("gang") or {}
+    here = progress is not None and progress.get("host") == socket.gethostname()
+    if here and progress is not None and progress.get("phase") != "finished" and _process_since(progress):
+        return f"trainer pid {progress['pid']} runs on this host"
+    if gang and gang.get("job_phase") == Phase.RUNNING.value:
+        return f"{gang.get('scheduler')} job {gang.get('job')} is {gang.get('job_state')}"
+    if gang and gang.get("nodes_alive") and not job_ended(gang):
+        return f"gang ranks {gang['nodes_alive']} heartbeat"
+    if entry.get("job_pid") is not None:
+        return f"its job runs as pid {entry['job_pid']} on this host"
+    if progress is not None and not here and now - float(progress["time"]) <= ladder["stall_after_s"]:
+        return f"the trainer on {progress.get('host')} stepped within {ladder['stall_after_s']:.0f} s"
+    return None
+
+
+def _process_since(progress: Entry) -> bool:
+    """The trainer's pid runs a process that started no later than its attempt (not a later one reusing the pid)."""
+    try:
+        started = float(progress.get("attempt_started") or progress["time"])
+        return psutil.Process(int(progress["pid"])).create_time() <= started + 1.0
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
 
 
 def stall_threshold(opts: Options, step_time_s: float | None) -> float:
@@ -189,18 +415,38 @@ def _exited(attempt: Entry | None) -> bool:
     return attempt is not None and attempt.get("exit_code") is not None
 
 
-def pace(records: list[Entry], max_steps: int, last_step: int) -> Entry:
-    """Steps/min and ETA from the recent steps' wall time, engine throughput from their rollout tokens/s."""
+def pace(
+    records: list[Entry],
+    max_steps: int,
+    last_step: int,
+    progress: Entry | None = None,
+    starts: list[int] | None = None,
+) -> Entry:
+    """Steps/min and ETA from one rate: the trainer's own (the steps of its attempt over the attempt's wall time,
+    as its progress line computes its ETA), else the recent steps' step time; engine throughput from their rollout
+    tokens/s. `step_time_s` (compute only) sets the stall threshold."""
     recent = [r for r in records if r.get("step", 0) > 0][-RECENT_STEPS:]
     times = [float(r["perf/step_time_s"]) for r in recent if isinstance(r.get("perf/step_time_s"), int | float)]
     rates = [float(r["perf/rollout_tokens_per_s"]) for r in recent if r.get("perf/rollout_tokens_per_s") is not None]
     step_time = sum(times) / len(times) if times else None
+    per_step = trainer_rate(progress, starts or []) or step_time
     return {
         "step_time_s": round(step_time, 3) if step_time else None,
-        "steps_per_min": round(60 / step_time, 2) if step_time else None,
-        "eta_s": round(step_time * max(max_steps - last_step, 0)) if step_time else None,
+        "steps_per_min": round(60 / per_step, 2) if per_step else None,
+        "eta_s": round(per_step * max(max_steps - last_step, 0)) if per_step else None,
         "rollout_tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
     }
+
+
+def trainer_rate(progress: Entry | None, starts: list[int]) -> float | None:
+    """Seconds per step of the trainer's current attempt, from its own progress document: the attempt's wall time
+    (`time - attempt_started`) over the steps it made since it started at its `kept_until` (the metric stream's
+    last attempt start). None before its first step."""
+    if progress is None or not isinstance(progress.get("attempt_started"), int | float):
+        return None
+    done = int(progress["step"]) - max(starts[-1] if starts else 0, 0)
+    elapsed = float(progress["time"]) - float(progress["attempt_started"])
+    return elapsed / done if done > 0 and elapsed > 0 else None
 
 
 def gang_state(rendezvous_dir: str, nodes: int, opts: Options, now: float) -> Entry | None:
@@ -268,12 +514,19 @@ def last_attempt(attempts_root: str) -> Entry | None:
 def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
     if state == "failed":
         if entry.get("verdict"):
-            return str(entry["verdict"])
+            still = f"; yet {ladder['alive']}, for no run that will record it" if ladder.get("alive") else ""
+            return str(entry["verdict"]) + still
         attempt, gang = ladder.get("attempt") or {}, ladder.get("gang") or {}
         if job_ended(gang):
             return f"failed: {gang.get('scheduler', 'iris')} job {gang.get('job')} is {gang['job_state']}"
         last = next((line for line in reversed(attempt.get("tail", [])) if "exited with code" not in line), "")
         return f"failed: attempt {attempt.get('id')} exited with code {attempt.get('exit_code')}: {last.strip()}"
+    if state == "leased":
+        seen = "" if ladder.get("last_step") is None else f" (its last step {ladder['last_step']} is older)"
+        return (
+            f"leased: a live run holds it, but no trainer, gang or job process confirms its training runs{seen} "
+            "(it waits for its inputs, or runs where status cannot see it)"
+        )
     if state != "running":
         return state
     age = ladder.get("last_step_age_s")
@@ -292,8 +545,6 @@ def iris_url_from_environment() -> str | None:
 def target_selection(targets: list[str]) -> tuple[list[str], list[str] | None]:
     """(versions, kinds) a list of targets (`export/v2026.09.21`) asks about: each target's kind and what it is
     built from, in the versions named."""
-    from rlbuild.contracts.artifacts import KINDS, kind_of_target
-
     versions: list[str] = []
     last = -1
     for target in targets:

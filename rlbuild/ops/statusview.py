@@ -26,8 +26,8 @@ def format_status(document: dict[str, Any]) -> str:
             lines.append(f"  cannot resolve: {kinds['error']}")
             continue
         for kind, entry in kinds.items():
-            note = entry.get("verdict") if entry["state"] in ("running", "failed") else None
-            lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry['uri']}")
+            note = entry.get("verdict") if entry["state"] in ("running", "leased", "failed") else None
+            lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry.get('stale_because') or entry['uri']}")
             if entry.get("changed"):
                 lines.append(f"    configuration changed: {', '.join(entry['changed'])}")
             if entry.get("holder_text"):

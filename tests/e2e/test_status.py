@@ -1,4 +1,6 @@
-"""`rlbuild status` on real local runs: a training that advances, then a paused trainer reported as stalled."""
+"""`rlbuild status` on real local runs: a training that advances, a paused trainer reported as stalled, and the
+run SIGKILLed reported failed (owner gone), not starting or healthy on its leftover lease and progress; and status
+agreeing with Snakemake's own dry run on what a retrain left to rebuild."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ from typing import Any
 
 import pytest
 
+from rlbuild.contracts.artifacts import artifact
 from rlbuild.core import storage
+from rlbuild.dev.built import write_built
+from rlbuild.plan.identity import derived_record
 from tests.conftest import REPO
-from tests.e2e.test_pipeline import VERSION, small_experiment
+from tests.e2e.test_pipeline import VERSION, Pipeline, ran, small_experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -99,6 +104,11 @@ def test_status_follows_a_training_and_reports_a_paused_trainer_as_stalled(tmp_p
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     assert storage.exists(str(results / "watched" / "train" / f"v{VERSION}.identity.json")) is False
+    # SIGKILLed: the lease still names the dead Snakemake (its heartbeat seconds old), the progress a dead trainer.
+    gone = status(experiment, results)
+    entry = train_entry(gone)
+    assert entry["state"] == "failed" and "(owner gone)" in entry["verdict"], entry
+    assert f"pid {process.pid} no longer runs" in entry["verdict"] and gone["verdict"] == entry["verdict"], gone
 
 
 def test_a_version_that_cannot_be_resolved_is_bad_input_not_a_verdict(tmp_path: Path) -> None:
@@ -107,3 +117,26 @@ def test_a_version_that_cannot_be_resolved_is_bad_input_not_a_verdict(tmp_path: 
     assert result.returncode == 2, result.stdout + result.stderr
     assert "month must be in 1..12" in result.stdout
     assert "verdict: invalid: version 2026.13.40 cannot be resolved" in result.stdout
+
+
+def test_status_and_a_dry_run_agree_on_what_a_retrain_left_stale(tmp_path: Path) -> None:
+    """A completed version (written directly: rlbuild/dev/built.py), then what `snakemake --forcerun train --config
+    allow_retrain=true -- train/v<V>/terminal.json` leaves: a new terminal.json and train record, the export and
+    eval of the earlier training. Snakemake would rebuild export and eval (their input is newer); so says status."""
+    experiment = small_experiment(tmp_path, name="retrained")
+    pipe = Pipeline(tmp_path, experiment)
+    write_built(experiment, str(pipe.storage), [VERSION])
+    assert ran(pipe.run("-n")) == {} and status(experiment, pipe.storage)["verdict"] == "done"
+    time.sleep(1.1)  # records are stamped to the second, file times finer: the retrain comes a second later
+    train = artifact("train")
+    (pipe.root / train.path(VERSION)).write_text("{}\n")  # the train job's outputs: terminal.json, then its record
+    launch = json.loads((pipe.root / artifact("launch").record(VERSION)).read_text())
+    (pipe.root / train.record(VERSION)).write_text(json.dumps(derived_record(launch, "train"), indent=2))
+    assert ran(pipe.run("-n")) == {"export": 1, "eval": 1, "all": 1}
+    document = status(experiment, pipe.storage)
+    kinds = document["versions"][VERSION]
+    assert kinds["train"]["state"] == "done", kinds["train"]
+    assert kinds["export"]["state"] == "stale", kinds["export"]
+    assert f"from train/v{VERSION}, which was rebuilt at " in kinds["export"]["stale_because"], kinds["export"]
+    assert kinds["eval"]["stale_because"] == f"built from export/v{VERSION}, which is stale now", kinds["eval"]
+    assert document["verdict"].startswith("stale: export (built at "), document["verdict"]

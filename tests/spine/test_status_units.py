@@ -1,23 +1,55 @@
 """`rlbuild status`'s judgement from what it reads, without a run: the stall threshold follows the measured step
-time, a node's clock ahead of this one never makes an age negative, and a storage root that cannot be a location
-is bad input (exit 2), not an experiment with nothing built."""
+time, a node's clock ahead of this one never makes an age negative, a storage root that cannot be a location is
+bad input (exit 2), not an experiment with nothing built; and a table of what storage can hold (records, leases,
+progress, checkpoints, written by their real writers) with the one state and verdict each must give: stale below
+a rebuilt upstream, leased until a process confirms a job, failed when the owner is gone, a checkpoint never ahead
+of the step, an ETA from the trainer's own rate."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rlbuild.contracts.artifacts import ARTIFACTS, artifact
 from rlbuild.contracts.launch import load_launch
-from rlbuild.contracts.progress import progress_uri
+from rlbuild.contracts.metricstream import MetricsStream
+from rlbuild.contracts.progress import Progress, progress_uri
 from rlbuild.core import storage
+from rlbuild.dev.built import write_built
 from rlbuild.dev.launches import write_test_launch
-from rlbuild.ops.status import STALL_AFTER_S, STALL_FLOOR_S, Options, pace, stall_threshold, train_ladder, verdict
+from rlbuild.ops.lease import Holder, Leases, held_leases, lease_uri
+from rlbuild.ops.status import (
+    BUILT_FROM,
+    STALL_AFTER_S,
+    STALL_FLOOR_S,
+    Options,
+    overall,
+    pace,
+    stall_threshold,
+    train_ladder,
+    verdict,
+    version_status,
+)
+from rlbuild.plan.identity import derived_record
+from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.resolve import Plan, resolve
+from rlbuild.workflow import Graph
+from trainer.checkpoint import CheckpointManager
 
 REPO = Path(__file__).resolve().parents[2]
+EXPERIMENT = REPO / "config" / "experiments" / "tiny-addition.yaml"
+VERSION = "2026.09.21"
 
 
 def test_the_stall_threshold_is_twenty_measured_steps_at_least_a_minute_else_ten_minutes() -> None:
@@ -53,3 +85,253 @@ def test_a_storage_root_that_cannot_be_a_location_is_bad_input(root: str, tmp_pa
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"{root!r} is not a storage location" in result.stderr and "RLBUILD_BUCKET" in result.stderr
     assert "Traceback" not in result.stderr and "artifacts not built" not in result.stdout
+
+
+@dataclass
+class Built:
+    """A version of tiny-addition built an hour ago under tmp_path, and the leases and processes of a run on it."""
+
+    plan: Plan
+    leases: Leases
+    children: list[subprocess.Popen[bytes]]
+
+    def record_uri(self, kind: str) -> str:
+        return self.plan.uri(artifact(kind).record(VERSION))
+
+    def record(self, kind: str) -> dict[str, Any]:
+        return json.loads(storage.read_text(self.record_uri(kind)) or "{}")
+
+    def write_record(self, kind: str, record: dict[str, Any]) -> None:
+        storage.write_text(self.record_uri(kind), json.dumps(record, indent=2, sort_keys=True))
+
+    def unbuild(self, *kinds: str) -> None:
+        """What Snakemake leaves of an artifact it reruns: its outputs, and with them its record, removed."""
+        for kind in kinds:
+            storage.remove(self.record_uri(kind))
+
+    def lease(self, *kinds: str) -> None:
+        """This process takes the leases, as a Snakemake run does at `onstart` (rlbuild/workflow.py)."""
+        for kind in kinds:
+            self.leases.acquire(lease_uri(self.plan.experiment_root, kind, VERSION), kind)
+
+    def job(self, kind: str) -> None:
+        """The run's job for `kind` runs: a child of this process with the rule's `--record <record>`."""
+        command = ["--record", artifact(kind).record(VERSION)]
+        self.children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *command]))
+
+    def status(self) -> dict[str, Any]:
+        leases = held_leases(self.plan.experiment_root)
+        return version_status(self.plan, leases, None, Options(), time.time())
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Iterator[Built]:
+    root = str(tmp_path / "results")
+    write_built(EXPERIMENT, root, [VERSION])
+    plan = resolve(load_experiment(EXPERIMENT), VERSION, root)
+    found = Built(plan, Leases(), [])
+    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat(timespec="seconds")
+    for kind in plan.records:
+        found.write_record(kind, found.record(kind) | {"created_at": an_hour_ago})
+    yield found
+    found.leases.release_all()
+    for child in found.children:
+        child.kill()
+        child.wait()
+
+
+def terminal(b: Built, saved_at: datetime) -> None:
+    """The train job's outputs: its final checkpoint (saved at `saved_at`), terminal.json naming it, its record."""
+    a = b.plan.launch.artifacts
+    checkpoint = CheckpointManager(a.checkpoint_root, 2, "digest").save(4, 0, {}, lambda uri: {})
+    state = json.loads(storage.read_text(storage.join(checkpoint, "trainer_state.json")) or "{}")
+    state["created_at"] = saved_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    storage.write_text(storage.join(checkpoint, "trainer_state.json"), json.dumps(state, indent=2))
+    storage.write_json(b.plan.uri(artifact("train").path(VERSION)), {"global_step": 4, "checkpoint_path": checkpoint})
+    b.write_record("train", derived_record(b.record("launch"), "train"))
+
+
+def retrained(b: Built) -> None:
+    """`snakemake --forcerun train --config allow_retrain=true -- train/v<V>/terminal.json`: the train job trained
+    from step 0 and wrote its outputs again (now); export and eval kept theirs (an hour old)."""
+    terminal(b, datetime.now(UTC))
+
+
+def reemitted(b: Built) -> None:
+    """A rerun of train that trains nothing (`--rerun-incomplete` after Snakemake was killed as the training
+    finished): terminal.json written again, the same bytes, from the final checkpoint saved two hours ago, before
+    export and eval were built; Snakemake compares terminal.json's checksum and rebuilds neither."""
+    terminal(b, datetime.now(UTC) - timedelta(hours=2))
+
+
+def exported_from_another_launch(b: Built) -> None:
+    b.write_record(
+        "export", b.record("export") | {"deps": {"launch": "tiny-addition/launch@2026.09.21:0123456789abcdef"}}
+    )
+
+
+def retraining(b: Built) -> None:
+    """The retrain's run took its leases; Snakemake removed train's outputs and runs its job: no trainer yet."""
+    b.lease("train", "export", "eval")
+    b.unbuild("train")
+    b.job("train")
+
+
+def leased_behind_train(b: Built) -> None:
+    """A live run holds every lease from train on; none of its jobs started (a remote executor's, or queued)."""
+    b.unbuild("train", "export", "eval")
+    b.lease("train", "export", "eval")
+
+
+def exporting(b: Built) -> None:
+    b.unbuild("export", "eval")
+    b.lease("export", "eval")
+    b.job("export")
+
+
+def killed(b: Built) -> None:
+    """A run SIGKILLed while training started: its lease (heartbeat fresh) and progress name a dead pid."""
+    b.unbuild("train", "export", "eval")
+    code = (
+        "import os, signal, sys\n"
+        "from rlbuild.contracts.progress import Progress\n"
+        "from rlbuild.ops.lease import Leases\n"
+        "Leases().acquire(sys.argv[1], 'train')\n"
+        "Progress(sys.argv[2], 100).started(0)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    uri = lease_uri(b.plan.experiment_root, "train", VERSION)
+    result = subprocess.run([sys.executable, "-c", code, uri, b.plan.launch.artifacts.attempts_root], cwd=REPO)
+    assert result.returncode == -9
+
+
+def heartbeat_stopped(b: Built) -> None:
+    """The run on another machine stopped refreshing its lease five minutes ago (its machine died)."""
+    b.unbuild("train", "export", "eval")
+    holder = json.loads(Holder(host="node-7").document()) | {"heartbeat_epoch": time.time() - 300}
+    storage.write_json(lease_uri(b.plan.experiment_root, "train", VERSION), holder)
+
+
+def checkpointed_before_progress(b: Built) -> None:
+    """The trainer saved the checkpoint of step 120 and has not yet published the step (it does so after)."""
+    b.unbuild("train", "export", "eval")
+    b.lease("train")
+    a = b.plan.launch.artifacts
+    Progress(a.attempts_root, 200).step(110, force=True)
+    CheckpointManager(a.checkpoint_root, 2, "digest").save(120, 0, {}, lambda uri: {})
+
+
+def stepping_at_two_seconds_a_step(b: Built) -> None:
+    """Attempt started 100 s ago at step 0, now at step 50 (2 s a step with its evals); the metric stream's step
+    time (compute only, 0.4 s) is not the rate the run goes at."""
+    b.unbuild("train", "export", "eval")
+    b.lease("train")
+    b.job("train")
+    a = b.plan.launch.artifacts
+    stream = MetricsStream(a.metrics_segments_root, -1)
+    for step in range(1, 51):
+        stream.append({"step": step, "perf/step_time_s": 0.4})
+    stream.flush()
+    progress = Progress(a.attempts_root, 100)
+    progress.attempt_started -= 100
+    progress.step(50, force=True)
+
+
+REBUILT = re.escape(f"from train/v{VERSION}, which was rebuilt at ")
+CASES: dict[str, tuple[Callable[[Built], None], dict[str, str], str]] = {
+    # scenario: (what storage holds, {kind: state or "state: reason pattern"}, verdict pattern)
+    "built": (lambda b: None, {"eval": "done"}, "done$"),
+    "retrained": (
+        retrained,
+        {
+            "train": "done",
+            "export": f"stale: built at .* {REBUILT}",
+            "eval": f"stale: built from export/v{VERSION}, which is stale now",
+        },
+        f"stale: export \\(built at .* {REBUILT}.*eval",
+    ),
+    "re-emitted terminal": (reemitted, {"train": "done", "export": "done", "eval": "done"}, "done$"),
+    "deps name another identity": (
+        exported_from_another_launch,
+        {"export": "stale: built from tiny-addition/launch@2026.09.21:0123456789abcdef, but launch/v", "eval": "stale"},
+        "stale: export",
+    ),
+    "retraining": (
+        retraining,
+        {"train": "running", "export": "stale: .*which is running now", "eval": "stale"},
+        "starting: no step yet",
+    ),
+    "leased behind train": (
+        leased_behind_train,
+        {"train": "leased", "export": f"leased: .*waits for train/v{VERSION} \\(leased\\)", "eval": "leased"},
+        f"leased: train/v{VERSION}, export/v{VERSION}, eval/v{VERSION} held by a live run",
+    ),
+    "exporting": (exporting, {"train": "done", "export": "running", "eval": "leased"}, "running$"),
+    "heartbeat stopped": (heartbeat_stopped, {"train": "failed: stopped heartbeating 5 min ago"}, "(owner gone)"),
+    "killed": (
+        killed,
+        {"train": "failed", "export": "missing"},
+        "failed: the run building it is gone: pid .*(owner gone)",
+    ),
+}
+
+
+@pytest.mark.parametrize("scenario", list(CASES))
+def test_each_state_is_claimed_only_on_its_evidence(scenario: str, built: Built) -> None:
+    make, expected, judged = CASES[scenario]
+    make(built)
+    entries = built.status()
+    for kind, want in expected.items():
+        state, _, why = want.partition(": ")
+        entry = entries[kind]
+        assert entry["state"] == state, (kind, entry)
+        if why:
+            assert re.search(why, str(entry.get("stale_because") or entry.get("verdict"))), (kind, entry)
+    assert re.search(judged, overall({VERSION: entries})), overall({VERSION: entries})
+    if scenario == "killed":  # a fresh heartbeat and a started trainer do not make a dead run healthy or starting
+        assert "starting" not in entries["train"]["verdict"] and "healthy" not in entries["train"]["verdict"]
+
+
+def test_the_checkpoint_shown_never_runs_ahead_of_the_step(built: Built) -> None:
+    checkpointed_before_progress(built)
+    ladder = built.status()["train"]["ladder"]
+    assert ladder["last_checkpoint"] == 120 and ladder["last_step"] == 120, ladder
+    assert ladder["last_step_age_s"] < 5  # the checkpoint's own time, not the older progress document's
+
+
+def test_steps_per_minute_and_eta_are_the_trainers_own_rate(built: Built) -> None:
+    stepping_at_two_seconds_a_step(built)
+    entry = built.status()["train"]
+    ladder = entry["ladder"]
+    assert entry["state"] == "running" and ladder["step_time_s"] == 0.4, entry  # its job runs
+    assert ladder["steps_per_min"] == 30.0 and ladder["eta_s"] == 100, ladder  # 2 s a step, 50 steps to go
+
+
+def test_a_failed_detached_coordinator_makes_the_verdict_failed(built: Built) -> None:
+    built.unbuild("eval")
+    entries = built.status()
+    coordinator = {"job": "/alice/rlbuild-tiny-0123", "targets": [f"eval/v{VERSION}/results.json"]}
+    failed = [coordinator | {"job_state": "killed", "job_phase": "failed"}]
+    assert overall({VERSION: entries}, failed).startswith(
+        "failed: coordinator Iris job /alice/rlbuild-tiny-0123 is killed"
+    )
+    running = [coordinator | {"job_state": "running", "job_phase": "running"}]
+    assert overall({VERSION: entries}, running) == "1 of 7 artifacts not built"
+    retrained_since = {VERSION: built.status() | {"eval": {"state": "done"}}}
+    assert overall(retrained_since, failed) == "done"  # a later run built what it failed to: nothing is failed now
+
+
+def test_built_from_is_what_the_rules_take_as_inputs() -> None:
+    """Staleness mirrors Snakemake's mtime trigger over each rule's artifact inputs (stage_model's base_model
+    comes from its input function, only where the model is built from one)."""
+    rules = "\n".join(path.read_text() for path in sorted((REPO / "rules").glob("*.smk")))
+    kind_of_rule = {a.rule: a.kind for a in ARTIFACTS}
+    found: dict[str, tuple[str, ...]] = {}
+    for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", rules, re.S | re.M):
+        inputs = body.split("input:", 1)[1].split("output:", 1)[0] if "input:" in body else ""
+        kinds = tuple(dict.fromkeys(re.findall(r'ARTIFACT\["(\w+)"\]', inputs)))
+        if name in kind_of_rule and kinds:
+            found[kind_of_rule[name]] = kinds
+    found["stage_model"] = ("base_model",)
+    assert 'artifact("base_model")' in inspect.getsource(Graph.stage_model_inputs)
+    assert {k: set(v) for k, v in found.items()} == {k: set(v) for k, v in BUILT_FROM.items()}
