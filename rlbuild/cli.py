@@ -11,10 +11,17 @@ import os
 import sys
 from pathlib import Path
 
-from rlbuild.contracts.artifacts import METRICS_NAME, artifact, record_of
+from rlbuild.contracts.artifacts import (
+    METRICS_NAME,
+    artifact,
+    read_record,
+    record_of,
+    sealed,
+    stored_digests,
+    verify_document,
+)
 from rlbuild.contracts.launch import LaunchDocument, dump_launch, launch_from_text
 from rlbuild.contracts.manifest import MANIFEST
-from rlbuild.contracts.records import read_record, sealed, stored_digests, verify_document
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.redact import redact_text

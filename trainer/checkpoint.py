@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlbuild.contracts import checkpoints as layout
+from rlbuild.contracts.artifacts import sha256_bytes
 from rlbuild.contracts.checkpoints import LATEST, STATE, STEP_DIR
 from rlbuild.contracts.manifest import MANIFEST, ManifestError, read_manifest
-from rlbuild.contracts.records import sha256_bytes
 from rlbuild.core import storage
 from trainer.errors import TrainerError
 

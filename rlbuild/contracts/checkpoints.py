@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any
 
+from rlbuild.contracts.artifacts import CorruptDocumentError, sha256_bytes
 from rlbuild.contracts.manifest import ManifestError, read_manifest
-from rlbuild.contracts.records import CorruptDocumentError, sha256_bytes
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 

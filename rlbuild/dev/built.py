@@ -13,8 +13,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlbuild.contracts.artifacts import ARTIFACTS
-from rlbuild.contracts.records import sealed, sha256_bytes
+from rlbuild.contracts.artifacts import ARTIFACTS, sealed, sha256_bytes
 from rlbuild.core import storage
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import resolve
@@ -33,14 +32,15 @@ def write_built(experiment_file: Path, storage_root: str, versions: list[str]) -
             if a.kind not in plan.records:
                 continue
             folder = plan.uri(a.version_folder(version))
-            written = dict.fromkeys([*a.documents, *EXTRA_OUTPUTS.get(a.kind, [])], "")
+            # The rules' outputs only (not the run's metrics.jsonl: the graph never reads it).
+            written = dict.fromkeys(EXTRA_OUTPUTS.get(a.kind, []), "")
             if a.is_directory:
                 written |= {"manifest.json": '{"files": {}}\n', ".snakemake_timestamp": ""}
             else:
                 written[a.output] = "{}\n"
             for name, text in written.items():
                 _write(storage.join(folder, name), text)
-            payload = {name: sha256_bytes(written[name].encode()) for name in a.documents}
+            payload = {name: sha256_bytes(written[name].encode()) for name in a.documents if name in written}
             record = sealed(plan.records[a.kind], payload)
             _write(plan.uri(a.record(version)), json.dumps(record, indent=2, sort_keys=True) + "\n")
 

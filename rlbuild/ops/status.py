@@ -18,6 +18,9 @@ Each artifact is in one state, and a state is only claimed on evidence:
 - `failed`: its last attempt ended badly, its gang's scheduler job ended, or the run that leased it is gone
   (owner gone): its process is gone from this host (`lease.holder_is_gone`), its heartbeat is older than
   `lease.STALE_S`, or the scheduler job it ran in ended. A fresh heartbeat never outweighs a dead owner.
+- `corrupt`: its record, or a control document the record describes (launch.yaml, terminal.json, metrics.jsonl,
+  a manifest, results.json), changed after it was written (rlbuild/contracts/artifacts.py); the verdict names the
+  file. Nothing below it is believed done.
 - `missing`: nothing of it is stored and nobody builds it.
 
 A train that is not done also gets the monitoring ladder (seed 003): the scheduler's job state and attempt, ranks
@@ -46,7 +49,14 @@ from typing import Any
 import psutil
 
 from rlbuild.contracts import checkpoints
-from rlbuild.contracts.artifacts import ARTIFACTS, KINDS, MUTABLE_VERSION, artifact, kind_of_target
+from rlbuild.contracts.artifacts import (
+    ARTIFACTS,
+    KINDS,
+    MUTABLE_VERSION,
+    CorruptDocumentError,
+    artifact,
+    kind_of_target,
+)
 from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import attempt_starts, read_run_metrics
 from rlbuild.contracts.progress import HEARTBEAT_S, read_progress
@@ -120,9 +130,10 @@ def overall(versions: Entry, coordinators: list[Entry] | None = None) -> str:
         return f"invalid: version {', '.join(unresolved)} cannot be resolved (the error is above)"
     shown = {(v, k): e for v, kinds in versions.items() for k, e in kinds.items() if isinstance(e, dict)}
     entries = list(shown.values())
-    for entry in entries:
-        if str(entry.get("verdict", "")).startswith("failed"):
-            return str(entry["verdict"])
+    for word in ("corrupt", "failed"):
+        for entry in entries:
+            if str(entry.get("verdict", "")).startswith(word):
+                return str(entry["verdict"])
     for coordinator in coordinators or []:
         if coordinator.get("job_phase") == Phase.FAILED.value and not _targets_done(coordinator, shown):
             targets = " ".join(coordinator.get("targets") or [])
@@ -180,19 +191,26 @@ def version_status(
     inventory: Inventory | None = None,
 ) -> Entry:
     stored = StoredRecords(plan, inventory)
-    stale, drifts = record_drift(plan.records, stored.read)
+    corrupt = stored.corrupt()  # a record or a document it describes edited since: believe neither
+
+    def read(kind: str) -> Entry | None:
+        return None if kind in corrupt else stored.read(kind)
+
+    stale, drifts = record_drift(plan.records, read)
     entries: Entry = {}
     for a in ARTIFACTS:
         if a.kind not in plan.records or (kinds is not None and a.kind not in kinds):
             continue
         entry: Entry = {"uri": plan.uri(a.path(plan.version))}
-        record = stored.read(a.kind)
-        if record is not None:
+        record = read(a.kind)
+        if a.kind in corrupt:
+            entry |= {"state": "corrupt", "verdict": f"corrupt: {corrupt[a.kind]}"}
+        elif record is not None:
             changed = a.kind in drifts or (plan.version == MUTABLE_VERSION and a.kind in stale)
             entry |= {"state": "stale" if changed else "done", "built_at": record.get("created_at")}
             if a.kind in drifts:
                 entry["changed"] = sorted(drifts[a.kind])
-            elif not changed and (why := outdated_by(plan, a.kind, record, entries, stored.read)):
+            elif not changed and (why := outdated_by(plan, a.kind, record, entries, read)):
                 entry |= {"state": "stale", "stale_because": why}
         else:
             entry |= lease_state(leases.get(f"{a.kind}/v{plan.version}"), now, opts, a.record(plan.version))
@@ -240,8 +258,17 @@ def trained_at(plan: Plan) -> datetime | None:
         checkpoint = json.loads(text or "{}").get("checkpoint_path")
     except (ValueError, AttributeError):
         return None
-    state = checkpoints.read_state(checkpoint) if isinstance(checkpoint, str) and checkpoint else None
+    state = _trainer_state(checkpoint) if isinstance(checkpoint, str) and checkpoint else None
     return _moment((state or {}).get("created_at"))
+
+
+def _trainer_state(checkpoint_uri: str) -> Entry | None:
+    """A checkpoint's trainer state, or None when it has none or it is corrupt (the resume that reads it refuses
+    it, naming the file; status judges from the other evidence)."""
+    try:
+        return checkpoints.read_state(checkpoint_uri)
+    except CorruptDocumentError:
+        return None
 
 
 def unbuilt_input(version: str, kind: str, entries: Entry) -> tuple[str, str] | None:
@@ -369,7 +396,7 @@ def newest_step(
     step = max([int(r["step"]) for r in records] + [int(progress["step"]) if progress else -1])
     when = float(progress["time"]) if progress else None
     if checkpoint is not None and checkpoint > step:
-        state = checkpoints.read_state(checkpoints.step_uri(checkpoint_root, checkpoint)) or {}
+        state = _trainer_state(checkpoints.step_uri(checkpoint_root, checkpoint)) or {}
         step = int(state.get("global_step", checkpoint))
         saved = _moment(state.get("created_at"))
         when = saved.timestamp() if saved is not None else when

@@ -26,7 +26,7 @@ def format_status(document: dict[str, Any]) -> str:
             lines.append(f"  cannot resolve: {kinds['error']}")
             continue
         for kind, entry in kinds.items():
-            note = entry.get("verdict") if entry["state"] in ("running", "leased", "failed") else None
+            note = entry.get("verdict") if entry["state"] in ("running", "leased", "failed", "corrupt") else None
             lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry.get('stale_because') or entry['uri']}")
             if entry.get("changed"):
                 lines.append(f"    configuration changed: {', '.join(entry['changed'])}")

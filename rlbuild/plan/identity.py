@@ -12,8 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rlbuild.contracts import runtime
-from rlbuild.contracts.artifacts import MUTABLE_VERSION
-from rlbuild.contracts.records import canonical_json
+from rlbuild.contracts.artifacts import MUTABLE_VERSION, canonical_json
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 
 DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's

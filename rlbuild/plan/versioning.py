@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts import checkpoints
-from rlbuild.contracts.artifacts import MUTABLE_VERSION, artifact
-from rlbuild.contracts.metricstream import read_run_metrics
-from rlbuild.contracts.records import (
+from rlbuild.contracts.artifacts import (
+    MUTABLE_VERSION,
     PAYLOAD,
     RESTORE_DOCUMENT,
     CorruptDocumentError,
+    artifact,
     document_problem,
     parse_record,
 )
+from rlbuild.contracts.metricstream import read_run_metrics
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.storage import join

@@ -17,9 +17,9 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from rlbuild.contracts.artifacts import read_record
 from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import read_run_metrics
-from rlbuild.contracts.records import read_record
 from rlbuild.contracts.sources import SourceError, parse_source
 from rlbuild.core.errors import RlbuildError
 

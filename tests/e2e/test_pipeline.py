@@ -422,6 +422,16 @@ def _restore(path: Path, original: bytes) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
+def _assert_status_shows_corrupt(pipeline: Pipeline, kind: str, name: str) -> None:
+    argv = [sys.executable, "-m", "rlbuild", "status", "--experiment", str(pipeline.experiment), "--json"]
+    argv += ["--storage-root", str(pipeline.storage), "--version", VERSION]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+    document = json.loads(result.stdout)
+    entry = document["versions"][VERSION][kind]
+    assert entry["state"] == "corrupt" and name in entry["verdict"], entry
+    assert document["verdict"].startswith("corrupt: ") and name in document["verdict"]
+
+
 def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(pipeline: Pipeline) -> None:
     """Last in the module: the refused stages leave export and eval to be built again.
 
@@ -437,6 +447,7 @@ def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(p
             assert dry.returncode != 0, dry.stdout[-2000:]
             assert f"{kind}/v{VERSION}.identity.json is corrupt: its content no longer matches its seal" in dry.stderr
             assert "Traceback" not in dry.stderr
+            _assert_status_shows_corrupt(pipeline, kind, f"{kind}/v{VERSION}.identity.json")
         finally:
             _restore(record, original)
     edits = [
@@ -448,6 +459,7 @@ def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(p
         document = root / name
         original = _edit_in_place(document, old, new)
         try:
+            _assert_status_shows_corrupt(pipeline, name.split("/")[0], name)
             result = pipeline.run("--forcerun", rule, targets=(f"eval/v{VERSION}/results.json",))
             log = (root / "logs" / rule / f"v{VERSION}.log").read_text()
             assert result.returncode != 0, log

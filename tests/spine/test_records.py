@@ -1,4 +1,4 @@
-"""Sealed records and the control documents they describe (rlbuild/contracts/records.py), on real storage."""
+"""Sealed records and the control documents they describe (rlbuild/contracts/artifacts.py), on real storage."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild.contracts.records import (
+from rlbuild.contracts.artifacts import (
     CorruptDocumentError,
     parse_record,
     read_record,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from rlbuild.contracts.artifacts import ARTIFACTS, artifact
+from rlbuild.contracts.artifacts import ARTIFACTS, artifact, sealed
 from rlbuild.contracts.launch import load_launch
 from rlbuild.contracts.metricstream import MetricsStream
 from rlbuild.contracts.progress import Progress, progress_uri
@@ -102,7 +102,9 @@ class Built:
         return json.loads(storage.read_text(self.record_uri(kind)) or "{}")
 
     def write_record(self, kind: str, record: dict[str, Any]) -> None:
-        storage.write_text(self.record_uri(kind), json.dumps(record, indent=2, sort_keys=True))
+        """As a job writes it: sealed, with the digests of its documents the record already names."""
+        document = sealed(record, record.get("payload"))
+        storage.write_text(self.record_uri(kind), json.dumps(document, indent=2, sort_keys=True))
 
     def unbuild(self, *kinds: str) -> None:
         """What Snakemake leaves of an artifact it reruns: its outputs, and with them its record, removed."""
@@ -143,10 +145,8 @@ def built(tmp_path: Path) -> Iterator[Built]:
 def terminal(b: Built, saved_at: datetime) -> None:
     """The train job's outputs: its final checkpoint (saved at `saved_at`), terminal.json naming it, its record."""
     a = b.plan.launch.artifacts
-    checkpoint = CheckpointManager(a.checkpoint_root, 2, "digest").save(4, 0, {}, lambda uri: {})
-    state = json.loads(storage.read_text(storage.join(checkpoint, "trainer_state.json")) or "{}")
-    state["created_at"] = saved_at.strftime("%Y-%m-%dT%H:%M:%SZ")
-    storage.write_text(storage.join(checkpoint, "trainer_state.json"), json.dumps(state, indent=2))
+    saved = {"created_at": saved_at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    checkpoint = CheckpointManager(a.checkpoint_root, 2, "digest").save(4, 0, saved, lambda uri: {})
     storage.write_json(b.plan.uri(artifact("train").path(VERSION)), {"global_step": 4, "checkpoint_path": checkpoint})
     b.write_record("train", derived_record(b.record("launch"), "train"))
 

@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 
 from rlbuild.contracts import runtime
+from rlbuild.contracts.artifacts import CorruptDocumentError
 from rlbuild.contracts.checkpoints import CheckpointLayoutError, read_state
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import ManifestMismatchError, describe_files, payload_files
-from rlbuild.contracts.records import CorruptDocumentError
 from rlbuild.core import storage
 from rlbuild.dev.launches import write_test_launch
 from trainer import loop, tiny
