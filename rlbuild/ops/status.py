@@ -216,7 +216,7 @@ def version_status(
             entry |= lease_state(leases.get(f"{a.kind}/v{plan.version}"), now, opts, a.record(plan.version))
             if entry["state"] == "leased" and (waits := unbuilt_input(plan.version, a.kind, entries)):
                 entry["verdict"] = f"leased: a live run holds it; its job waits for {waits[0]} ({waits[1]})"
-        if a.kind == "train" and entry["state"] != "done":
+        if a.kind == "train" and entry["state"] not in ("done", "corrupt"):
             entry |= train_ladder(plan.launch, entry, opts, now)
         entries[a.kind] = entry
     return entries

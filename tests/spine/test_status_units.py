@@ -335,3 +335,20 @@ def test_built_from_is_what_the_rules_take_as_inputs() -> None:
     found["stage_model"] = ("base_model",)
     assert 'artifact("base_model")' in inspect.getsource(Graph.stage_model_inputs)
     assert {k: set(v) for k, v in found.items()} == {k: set(v) for k, v in BUILT_FROM.items()}
+
+
+@pytest.mark.parametrize("name", ["terminal.json", "record"])
+def test_an_edited_train_document_or_record_is_corrupt_naming_it_and_nothing_below_is_done(
+    built: Built, name: str
+) -> None:
+    if name == "record":
+        uri = built.record_uri("train")
+        storage.write_text(uri, (storage.read_text(uri) or "").replace(VERSION, "2026.09.22", 1))
+    else:
+        uri = built.plan.uri(artifact("train").path(VERSION))
+        storage.write_text(uri, '{"global_step": 5}\n')
+    entries = built.status()
+    assert entries["train"]["state"] == "corrupt" and uri in entries["train"]["verdict"], entries["train"]
+    assert "ladder" not in entries["train"]  # a corrupt train is not judged as a running or failed one
+    assert entries["export"]["state"] == entries["eval"]["state"] == "stale"
+    assert overall({VERSION: entries}).startswith(f"corrupt: {uri} is corrupt")
