@@ -20,7 +20,7 @@ from rlbuild.contracts.artifacts import (
     stored_digests,
     verify_document,
 )
-from rlbuild.contracts.launch import LaunchDocument, dump_launch, launch_from_text
+from rlbuild.contracts.launch import LaunchDocument, dump_launch, launch_from_text, load_launch
 from rlbuild.contracts.manifest import MANIFEST
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
@@ -93,7 +93,9 @@ def _verified_launch(launch_uri: str, launch_record: str) -> tuple[LaunchDocumen
     record = read_record(launch_record)
     if record is None:
         raise RlbuildError(f"{launch_record} is missing; rerun the resolve_launch rule")
-    data = verify_document(record, "launch.yaml", launch_uri)
+    data = verify_document(record, artifact("launch").output, launch_uri)
+    if data is None:
+        return load_launch(launch_uri), record  # says it does not exist, and what to run
     return launch_from_text(data.decode("utf-8", errors="replace"), launch_uri), record
 
 

@@ -228,21 +228,23 @@ def read_record(uri: str) -> dict[str, Any] | None:
     return None if text is None else parse_record(text, uri)
 
 
-def document_problem(record: Mapping[str, Any], name: str, data: bytes) -> str | None:
-    """Why `data` is not the document `name` the record describes; None when it is (or the record names no
-    digest for it: a record written before records were sealed)."""
+def check_document(record: Mapping[str, Any], name: str, uri: str, data: bytes | None) -> bytes | None:
+    """`data` (the bytes at `uri`; None: absent), verified as the document `name` the record describes;
+    CorruptDocumentError when it is not. A record that names no digest for it (written before records were
+    sealed) vouches for nothing, so nothing is compared."""
     expected = (record.get(PAYLOAD) or {}).get(name)
-    if expected is None or expected == (found := sha256_bytes(data)):
-        return None
-    return f"its sha256 is {found[:16]}..., but its record says {expected[:16]}..."
-
-
-def verify_document(record: Mapping[str, Any], name: str, uri: str) -> bytes:
-    """The bytes of the document `name` at `uri`, verified against `record`."""
-    data = storage.read_bytes(uri)
+    if expected is None:
+        return data
     if data is None:
         raise CorruptDocumentError(uri, "it is missing, but its record describes it", RESTORE_DOCUMENT)
-    problem = document_problem(record, name, data)
-    if problem is not None:
-        raise CorruptDocumentError(uri, problem, RESTORE_DOCUMENT)
+    if (found := sha256_bytes(data)) != expected:
+        raise CorruptDocumentError(
+            uri, f"its sha256 is {found[:16]}..., but its record says {expected[:16]}...", RESTORE_DOCUMENT
+        )
     return data
+
+
+def verify_document(record: Mapping[str, Any], name: str, uri: str) -> bytes | None:
+    """The bytes of the document `name` at `uri` (None: absent, and the record names no digest for it), verified
+    against `record`."""
+    return check_document(record, name, uri, storage.read_bytes(uri))

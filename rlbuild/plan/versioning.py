@@ -22,11 +22,9 @@ from typing import Any
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import (
     MUTABLE_VERSION,
-    PAYLOAD,
-    RESTORE_DOCUMENT,
     CorruptDocumentError,
     artifact,
-    document_problem,
+    check_document,
     parse_record,
 )
 from rlbuild.contracts.metricstream import read_run_metrics
@@ -68,17 +66,11 @@ class StoredRecords:
         record = self.read(kind)
         if record is None:
             return
-        names = artifact(kind).documents
-        texts = self.inventory.read_texts([self.document_uri(kind, name) for name in names])
-        for name in names:
-            uri = self.document_uri(kind, name)
-            if texts[uri] is None:
-                if name in (record.get(PAYLOAD) or {}):
-                    raise CorruptDocumentError(uri, "it is missing, but its record describes it", RESTORE_DOCUMENT)
-                continue
-            problem = document_problem(record, name, texts[uri].encode("utf-8"))
-            if problem is not None:
-                raise CorruptDocumentError(uri, problem, RESTORE_DOCUMENT)
+        uris = {name: self.document_uri(kind, name) for name in artifact(kind).documents}
+        texts = self.inventory.read_texts(list(uris.values()))
+        for name, uri in uris.items():
+            text = texts[uri]
+            check_document(record, name, uri, None if text is None else text.encode("utf-8"))
 
     def corrupt(self) -> dict[str, str]:
         """{kind: why} for every stored record, or control document it describes, that changed after it was
