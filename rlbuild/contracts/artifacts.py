@@ -239,7 +239,7 @@ def check_document(record: Mapping[str, Any], name: str, uri: str, data: bytes |
         raise CorruptDocumentError(uri, "it is missing, but its record describes it", RESTORE_DOCUMENT)
     if (found := sha256_bytes(data)) != expected:
         raise CorruptDocumentError(
-            uri, f"its sha256 is {found[:16]}..., but its record says {expected[:16]}...", RESTORE_DOCUMENT
+            uri, f"its sha256 is {found[:16]}(...), but its record says {expected[:16]}(...)", RESTORE_DOCUMENT
         )
     return data
 
