@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,12 +125,19 @@ def fsspec_options(uri: str) -> dict[str, Any]:
     }
 
 
-def _s3_settings() -> dict[str, str | None]:
-    env = os.environ
-    endpoint = env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL")
+def endpoint_violation(environ: Mapping[str, str]) -> Violation | None:
+    """The S3 endpoint setting Snakemake's S3 plugin and rlbuild both read, if it cannot be an endpoint."""
+    endpoint = environ.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL")
     if endpoint and (problem := endpoint_problem(endpoint)):
         fix = "export the store's http(s)://host[:port], or unset it for AWS S3"
-        raise PreflightError("the S3 settings", [Violation("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", problem, fix)])
+        return Violation("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", problem, fix)
+    return None
+
+
+def _s3_settings() -> dict[str, str | None]:
+    env = os.environ
+    if violation := endpoint_violation(env):
+        raise PreflightError("the S3 settings", [violation])
     return {
         "endpoint_url": env.get("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL") or None,
         "aws_access_key_id": env.get("SNAKEMAKE_STORAGE_S3_ACCESS_KEY") or None,

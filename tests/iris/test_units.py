@@ -216,6 +216,18 @@ def test_executor_settings_are_checked_at_start_with_every_problem_named() -> No
     assert "--iris-on-interrupt='ignore': choose one of keep, cancel" in text
 
 
+def test_a_placeholder_s3_endpoint_is_refused_with_the_settings_before_the_s3_plugin_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", "...")
+    with pytest.raises(IrisSettingError) as raised:
+        ExecutorSettings(controller_url="http://127.0.0.1:1")
+    assert "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL='...'" in str(raised.value)
+    assert "http(s)://host[:port]" in str(raised.value)
+    monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", "http://127.0.0.1:9000")
+    ExecutorSettings(controller_url="http://127.0.0.1:1")
+
+
 def test_submit_puts_the_experiment_into_the_one_config_snakemake_keeps() -> None:
     from rlbuild.cli import with_config
 

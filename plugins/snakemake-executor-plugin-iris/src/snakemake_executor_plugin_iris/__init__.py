@@ -4,12 +4,14 @@ CPU rules become single Iris tasks; a rule that declares `gpu_nodes` becomes one
 nodes whose tasks run the `rlbuild.job.gang` bootstrap (Ray across the nodes, then the Snakemake job on rank 0).
 """
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 from snakemake_interface_executor_plugins.settings import CommonSettings, ExecutorSettingsBase
 
+from rlbuild.core.storage import endpoint_violation
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.executor import Executor
 from snakemake_executor_plugin_iris.requests import ON_INTERRUPT, PRIORITIES, setting_problems
@@ -119,6 +121,10 @@ class ExecutorSettings(ExecutorSettingsBase):
         problems = setting_problems(self)
         if problems:
             raise IrisSettingError("iris settings", "; ".join(problems), "fix these executor settings (--iris-*)")
+        # Snakemake's S3 plugin makes its client right after these settings, before the Snakefile (and rlbuild's
+        # own check) runs: a placeholder endpoint would end in botocore's traceback instead of this line.
+        if endpoint := endpoint_violation(os.environ):
+            raise IrisSettingError(endpoint.field, os.environ[endpoint.field], f"{endpoint.message}; {endpoint.fix}")
         if not self.controller_url and not self.cluster:
             print(
                 "iris: no controller configured: set SNAKEMAKE_IRIS_CONTROLLER_URL (or SNAKEMAKE_IRIS_CLUSTER); "
