@@ -540,7 +540,7 @@ class Graph:
         experiment gives it (`execution.export` / `execution.eval`), as Slurm and Iris read them."""
         size = getattr(self.experiment.execution, kind)
         sizes = {"cpus_per_task": size.cpu, "mem_mb": size.mem_mb, "iris_cpu": size.cpu, "iris_memory": size.memory}
-        return slurm.cluster_resources(self.experiment) | sizes
+        return self._for_executor(slurm.cluster_resources(self.experiment) | sizes)
 
     def gang_resources(self) -> dict[str, int | str]:
         """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""
@@ -558,7 +558,38 @@ class Graph:
                 "iris_priority": iris.priority,
                 "iris_max_retries": iris.max_retries,
             }
-        return resources | slurm.gang_resources(self.experiment)
+        return self._for_executor(resources | slurm.gang_resources(self.experiment))
+
+    def _for_executor(self, resources: dict[str, int | str]) -> dict[str, Any]:
+        """The resources as the executor that runs the job sees them: another scheduler's (`iris_*` under Slurm,
+        `slurm_*` locally) are dropped, so a job's resource line lists only what is asked of its scheduler. The
+        executor is known only when a job is made (not while the Snakefile is read): each such resource is a
+        function, and Snakemake drops one that answers None. A dry run for a cluster executor shows both."""
+        return {
+            key: _only_under(self, owner, value) if (owner := _scheduler_of(key)) else value
+            for key, value in resources.items()
+        }
+
+
+# Resources only one scheduler reads. Slurm's jobstep executor reads `mpi` inside the job, hence "slurm*".
+SLURM_ONLY = frozenset({"slurm_account", "slurm_partition", "qos", "slurm_extra", "mpi", "gres", "tasks", "nodes"})
+
+
+def _scheduler_of(resource: str) -> str | None:
+    if resource.startswith("iris_"):
+        return "iris"
+    return "slurm" if resource in SLURM_ONLY else None
+
+
+def _only_under(graph: Graph, scheduler: str, value: int | str) -> Callable[..., int | str | None]:
+    def resource(wildcards: Any) -> int | str | None:
+        plugin = getattr(graph.workflow, "executor_plugin", None)
+        name = plugin.name if plugin is not None else "dryrun"
+        if name == "dryrun":  # which cluster executor a dry run stands for is not known: show both
+            return value if graph.on_cluster else None
+        return value if name.startswith(scheduler) else None
+
+    return resource
 
 
 def forced_by(settings: Any, version: str) -> str:

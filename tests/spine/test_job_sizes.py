@@ -4,6 +4,7 @@ CPUs and memory instead of Snakemake's 1 CPU / 1000 MB."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -23,10 +24,17 @@ def _tiny(tmp_path: Path, **execution: object) -> Path:
     return path
 
 
+def _seen_by(graph: Graph, executor: str, resources: dict[str, object]) -> dict[str, object]:
+    """The resources as Snakemake evaluates them for a job under `executor` (a function answering None: dropped)."""
+    graph.workflow = SimpleNamespace(executor_plugin=SimpleNamespace(name=executor))
+    values = {k: v(SimpleNamespace()) if callable(v) else v for k, v in resources.items()}
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def test_export_and_eval_ask_for_the_experiments_cpus_and_memory(tmp_path: Path) -> None:
     path = _tiny(tmp_path, eval={"cpu": 8, "memory": "32GiB"})
-    graph = Graph(path, announce=False)
-    assert graph.job_resources("eval") == {
+    graph = Graph(path, announce=False, on_cluster=True)
+    every = {
         "slurm_account": "rlbuild",
         "slurm_partition": "cpu",
         "cpus_per_task": 8,
@@ -34,6 +42,18 @@ def test_export_and_eval_ask_for_the_experiments_cpus_and_memory(tmp_path: Path)
         "iris_cpu": 8,
         "iris_memory": "32GiB",
     }
+    assert _seen_by(graph, "dryrun", graph.job_resources("eval")) == every
+    # Each scheduler's job lists what is asked of that scheduler; a local job, neither's.
+    assert _seen_by(graph, "slurm", graph.job_resources("eval")) == {
+        k: v for k, v in every.items() if not k.startswith("iris_")
+    }
+    assert _seen_by(graph, "iris", graph.job_resources("eval")) == {
+        k: v for k, v in every.items() if not k.startswith("slurm_")
+    }
+    assert _seen_by(graph, "local", graph.job_resources("eval")) == {"cpus_per_task": 8, "mem_mb": 34359}
+    gang = _seen_by(graph, "slurm-jobstep", graph.gang_resources())
+    assert gang["mpi"] == "" and "iris_cpu" not in gang  # the jobstep reads `mpi` inside the Slurm job
+    assert _seen_by(graph, "local", graph.gang_resources())["chain_max_links"] >= 1
     assert graph.job_resources("export")["cpus_per_task"] == 2 and graph.job_resources("export")["mem_mb"] == 4000
 
 
