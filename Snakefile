@@ -10,7 +10,15 @@ from rlbuild.contracts.artifacts import BY_KIND as ARTIFACT
 from rlbuild.core.errors import RlbuildError
 from rlbuild.job.interrupts import forward_to_jobs
 from rlbuild.core.wire import ALLOW_RETRAIN
-from rlbuild.workflow import Graph, clear_local_copies, experiment_file, fail, report_where_typed, workflow_config
+from rlbuild.workflow import (
+    Graph,
+    clear_local_copies,
+    experiment_file,
+    fail,
+    hand_experiment_to_bundles,
+    report_where_typed,
+    workflow_config,
+)
 
 
 configfile: str(Path(workflow.basedir) / "config" / "config.yaml")
@@ -29,6 +37,7 @@ try:
         node_limits=CONFIG.node_limits,
     )
     GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)
+    hand_experiment_to_bundles(workflow, REPO, EXPERIMENT_FILE)
 except RlbuildError as error:
     fail(error)
 

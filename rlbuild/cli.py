@@ -167,8 +167,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
-def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
-    """(controller URL, experiment root in the Iris profile's storage) of `rlbuild submit` / `rlbuild cancel`."""
+def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path]:
+    """(controller URL, experiment root in the Iris profile's storage, experiment file) of `rlbuild submit` /
+    `rlbuild cancel`."""
     from rlbuild.ops.status import unscoped
     from rlbuild.workflow import experiment_file, workflow_config
 
@@ -191,8 +192,9 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str]:
     if problems:  # bad input, exit 2 like every other
         raise PreflightError(f"rlbuild {args.command}", problems)
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
-    experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
-    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name)
+    path = experiment_file(REPO, args.experiment or config.experiment)
+    experiment = load_experiment(path)
+    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name), path
 
 
 def with_config(argv: list[str], entry: str) -> list[str]:
@@ -206,13 +208,13 @@ def with_config(argv: list[str], entry: str) -> list[str]:
 def cmd_submit(args: argparse.Namespace) -> int:
     """The graph as a detached Iris job (a coordinator); returns once Iris has it."""
     from rlbuild.ops.coordinator import Size, submit
+    from rlbuild.workflow import in_checkout
 
-    url, root = _submit_context(args)
-    passed = (
-        with_config(args.snakemake_args, f"experiment={args.experiment}") if args.experiment else args.snakemake_args
-    )
+    url, root, path = _submit_context(args)
+    # The coordinator runs the checkout's bundle: it is handed the experiment as the bundle holds it.
+    passed = with_config(args.snakemake_args, f"experiment={in_checkout(REPO, path)}")
     size = Size(cpu=args.cpu, memory=args.memory, disk=args.disk)
-    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO)
+    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO, load_experiment(path))
     verb = "is already running as" if adopted else "submitted as"
     print(f"coordinator of {' '.join(args.targets) or 'the default targets'} {verb} Iris job {job}")
     print(f"watch it:  python -m rlbuild status --storage-root {root.rsplit('/', 1)[0]} --watch 30")
@@ -224,7 +226,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     """Stop a detached coordinator and every job it submitted."""
     from rlbuild.ops.coordinator import cancel
 
-    url, root = _submit_context(args)
+    url, root, _ = _submit_context(args)
     cancelled = cancel(root, url, args.targets)
     for job in cancelled:
         print(f"cancelled Iris job {job} and the jobs it submitted")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from snakemake.common import dict_to_key_value_args
 from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from rlbuild.contracts import checkpoints
@@ -32,6 +33,7 @@ from rlbuild.core.wire import restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
 from rlbuild.plan import slurm
+from rlbuild.plan.noderuntime import node_runtime
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan
@@ -322,6 +324,32 @@ def experiment_file(repo: Path, selector: str) -> Path:
     return path
 
 
+def in_checkout(repo: Path, path: Path) -> str:
+    """`path` relative to the checkout, as a job that runs the checkout's bundle finds it."""
+    try:
+        return path.resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:
+        fix = (
+            "Iris jobs get the checkout as a bundle and see no other file of this machine: put the experiment in "
+            "the checkout, e.g. config/experiments/ (not git-ignored)"
+        )
+        raise PreflightError(
+            "config.experiment", [Violation("experiment", f"{path} is outside the checkout {repo}", fix)]
+        ) from None
+
+
+def hand_experiment_to_bundles(workflow: Any, repo: Path, path: Path) -> None:
+    """Where Snakemake shares no sources with its jobs (the iris profile), each job runs the checkout's bundle in
+    a folder of its own: jobs are handed the experiment relative to the checkout (this machine's path of it
+    means nothing there)."""
+    if SharedFSUsage.SOURCES in workflow.storage_settings.shared_fs_usage or not workflow.is_main_process:
+        return
+    relative = in_checkout(repo, path)
+    settings = workflow.config_settings
+    kept = [a for a in settings.config_args or [] if not a.startswith("experiment=")]
+    settings.config_args = [*kept, *dict_to_key_value_args({"experiment": relative}, repr_obj=True)]
+
+
 def profile_shares_venv(repo: Path, profile: str) -> bool:
     """Whether the jobs of `snakemake --profile <profile>` run this checkout's .venv, decided as Snakemake decides
     it: an executor plugin that implies no shared file system shares nothing, else the profile's `shared-fs-usage`
@@ -540,7 +568,7 @@ class Graph:
         experiment gives it (`execution.export` / `execution.eval`), as Slurm and Iris read them."""
         size = getattr(self.experiment.execution, kind)
         sizes = {"cpus_per_task": size.cpu, "mem_mb": size.mem_mb, "iris_cpu": size.cpu, "iris_memory": size.memory}
-        return self._for_executor(slurm.cluster_resources(self.experiment) | sizes)
+        return self._for_executor(slurm.cluster_resources(self.experiment) | sizes | self._node_runtime(gpus=False))
 
     def gang_resources(self) -> dict[str, int | str]:
         """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""
@@ -558,7 +586,19 @@ class Graph:
                 "iris_priority": iris.priority,
                 "iris_max_retries": iris.max_retries,
             }
+        resources |= self._node_runtime(gpus=True)
         return self._for_executor(resources | slurm.gang_resources(self.experiment))
+
+    def _node_runtime(self, *, gpus: bool) -> dict[str, int | str]:
+        """What Iris runs a job's bundle on: the experiment's image, or a set-up of its uv.lock with the extra the
+        GPU nodes need (the runtime preflight judged, rlbuild/plan/noderuntime.py). Nothing when the nodes share
+        this checkout's .venv."""
+        if self.shares_venv:
+            return {}
+        runtime = node_runtime(self.experiment, shares_venv=False)
+        if runtime.image:
+            return {"iris_image": runtime.image}
+        return {"iris_extras": runtime.extra} if gpus and runtime.extra else {}
 
     def _for_executor(self, resources: dict[str, int | str]) -> dict[str, Any]:
         """The resources as the executor that runs the job sees them: another scheduler's (`iris_*` under Slurm,

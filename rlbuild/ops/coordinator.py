@@ -14,7 +14,6 @@ import getpass
 import hashlib
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,11 @@ from typing import Any
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.wire import forwarded
+from rlbuild.plan.spec import Experiment
 from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
-from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Placement, Submission, shell
+from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Placement, Submission, in_bundle
 
 FOLDER = ".coordinators"
-WORK_FOLDER = ".rlbuild/coordinators"  # the coordinator's Snakemake working folder, under the checkout
 # The executor settings a coordinator's Snakemake reads from its environment.
 IRIS_SETTINGS = ("SNAKEMAKE_IRIS_CLUSTER", "SNAKEMAKE_IRIS_CPU_POOL")
 
@@ -55,12 +54,11 @@ def record_uri(experiment_root: str, name: str) -> str:
     return storage.join(experiment_root, FOLDER, f"{name}.json")
 
 
-def command(repo: Path, name: str, targets: list[str], snakemake_args: list[str]) -> str:
-    """What the coordinator runs, from the checkout (nodes see it at the same path, as every Iris job here)."""
-    workdir = repo / WORK_FOLDER / name
-    argv = [sys.executable, "-m", "snakemake", *targets, "--profile", "iris", "--snakefile", str(repo / "Snakefile")]
-    argv += ["--directory", str(workdir), *snakemake_args]
-    return f"mkdir -p {shlex.quote(str(workdir))} && " + " ".join(shlex.quote(a) for a in argv)
+def command(targets: list[str], snakemake_args: list[str]) -> str:
+    """What the coordinator runs, from its bundle of the checkout: the jobs it submits get bundles of their own."""
+    # The profile by its folder: the root link `iris` is not a file a bundle carries.
+    argv = ["python", "-m", "snakemake", *targets, "--profile", "profiles/iris", *snakemake_args]
+    return " ".join(shlex.quote(a) for a in argv)
 
 
 def submit(
@@ -71,8 +69,10 @@ def submit(
     size: Size,
     cpu_pool: str | None,
     repo: Path,
+    experiment: Experiment,
 ) -> tuple[str, bool]:
-    """Submit the coordinator, or find the one of these targets that runs. Returns (Iris job id, adopted)."""
+    """Submit the coordinator with `repo` as its bundle, or find the one of these targets that runs. Returns (Iris
+    job id, adopted). Nothing of this machine but the bundle and the environment hand-off reaches it."""
     name = coordinator_name(experiment_root, targets)
     place = Placement(
         replicas=1,
@@ -88,13 +88,15 @@ def submit(
     env = forwarded(os.environ) | {k: os.environ[k] for k in IRIS_SETTINGS if os.environ.get(k)}
     env["SNAKEMAKE_IRIS_CONTROLLER_URL"] = url
     sub = Submission(
-        command=shell(str(repo), command(repo, name, targets, snakemake_args)),
+        command=in_bundle(command(targets, snakemake_args)),
         env=env,
         ports=[],
         scheduling_timeout_s=1800,
         cpu_pool=cpu_pool,
+        bundled=True,
+        image=experiment.runtime.image,
     )
-    iris = Iris(url)
+    iris = Iris(url, workspace=repo)
     try:
         job_id, adopted = iris.submit(name, place, sub)
     except IrisSubmitError as error:

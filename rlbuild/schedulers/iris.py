@@ -17,6 +17,7 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlbuild.core.errors import RlbuildError
@@ -168,17 +169,24 @@ class Submission:
     ports: list[str]
     scheduling_timeout_s: int
     cpu_pool: str | None
+    # The task runs the workspace bundle the client sends (not a checkout the node shares): without an image Iris
+    # sets it up from the bundle's uv.lock (`uv sync`, with these extras); an image is run as it is.
+    bundled: bool = False
+    image: str | None = None
+    extras: tuple[str, ...] = ()
 
 
 class Iris:
     """One connection to an Iris controller."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, workspace: Path | None = None) -> None:
+        """`workspace`: the folder every submitted task gets as its bundle, unpacked into `$IRIS_WORKDIR`
+        (its git-tracked and untracked-but-not-ignored files, less pyproject's `[tool.iris.bundle]` excludes)."""
         from iris.client import IrisClient
 
         self.url = url.rstrip("/")
         probe(self.url)
-        self.client = IrisClient.remote(self.url)
+        self.client = IrisClient.remote(self.url, workspace=workspace)
 
     def job_id(self, name: str) -> JobName:
         """Where Iris puts a job of this name: a child of the job we run in (a coordinator submitted by `rlbuild
@@ -271,7 +279,14 @@ def _request(name: str, place: Placement, sub: Submission) -> dict[str, object]:
         "entrypoint": Entrypoint.from_command(*sub.command),
         "name": name,
         "resources": ResourceSpec(cpu=place.cpu, memory=place.memory, disk=place.disk, device=device),
-        "environment": EnvironmentSpec(env_vars=sub.env, setup_scripts=[], secret_behavior=SecretBehavior.ISOLATE),
+        "environment": EnvironmentSpec(
+            env_vars=sub.env,
+            # None: Iris's default set-up of the bundle (uv sync of its lock); []: none (an image, a shared venv).
+            setup_scripts=None if sub.bundled and sub.image is None else [],
+            extras=list(sub.extras) or None,
+            secret_behavior=SecretBehavior.ISOLATE,
+        ),
+        "task_image": sub.image,
         "ports": sub.ports or None,
         "scheduling_timeout": Duration.from_seconds(sub.scheduling_timeout_s),
         "constraints": constraints,
@@ -285,8 +300,15 @@ def _request(name: str, place: Placement, sub: Submission) -> dict[str, object]:
 
 
 def shell(cwd: str, command: str) -> list[str]:
-    """Iris tasks start in the controller's folder: run the command from the submitter's."""
+    """Iris tasks start in the controller's folder: run the command from the submitter's (a shared checkout)."""
     return ["bash", "-c", f"cd {shlex.quote(cwd)} && {command}"]
+
+
+def in_bundle(command: str) -> list[str]:
+    """Run the command from the task's unpacked bundle. Its folder leads PYTHONPATH, so every Python process of
+    the task (Ray's workers too) imports the bundle's rlbuild and trainer, not an installed copy."""
+    enter = 'cd "$IRIS_WORKDIR" && export PYTHONPATH="$IRIS_WORKDIR${PYTHONPATH:+:$PYTHONPATH}"'
+    return ["bash", "-c", f"{enter} && {command}"]
 
 
 def probe(url: str, timeout_s: float = 10.0) -> None:

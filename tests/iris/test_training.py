@@ -15,7 +15,7 @@ import yaml
 
 from rlbuild.contracts.launch import parse_launch
 from rlbuild.dev.iris_cluster import LocalIris
-from tests.conftest import EXPERIMENTS
+from tests.conftest import EXPERIMENTS, copy_of_the_code
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, start_snakemake, wait_for
 from tests.iris.test_gang import task_pids
 
@@ -52,11 +52,15 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
 ) -> None:
     from iris.cluster.types import JobName
 
-    experiment = two_node_experiment(tmp_path)
+    # The experiment is a file of the checkout the jobs' bundles carry (a copy of this one, so the test writes
+    # nothing into the repository).
+    checkout = copy_of_the_code(tmp_path / "checkout")
+    experiment = two_node_experiment(checkout / "config" / "experiments")
     workdir = tmp_path / "run"
     workdir.mkdir()
     env = snakemake_env(iris, tmp_path / "home", {**s3.env, "RLBUILD_BUCKET": s3.bucket, "RLBUILD_PREFIX": "p"})
-    argv = ["--profile", "iris", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    argv = ["--profile", str(REPO / "profiles" / "iris"), "--snakefile", str(checkout / "Snakefile")]
+    argv += ["--directory", str(workdir)]
     argv += [*fast_flags(cpu_pool=False), "--config", f"experiment={experiment}", f"versions=['{VERSION}']"]
     log = tmp_path / "snakemake.log"
     process = start_snakemake([f"export/v{VERSION}", *argv], REPO, env, log)

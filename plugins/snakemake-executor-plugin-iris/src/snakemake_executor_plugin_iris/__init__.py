@@ -20,8 +20,10 @@ __all__ = ["Executor", "ExecutorSettings", "common_settings"]
 
 common_settings = CommonSettings(
     non_local_exec=True,
-    # Nodes share the checkout and its virtual environment (the local cluster; an image with the repo at the same
-    # path); artifacts go through the default storage provider, so no double uploads (see profiles/iris).
+    # The file-system model is the profile's `shared-fs-usage`, which True here would make Snakemake discard:
+    # profiles/iris shares no sources (every job carries the checkout as an Iris bundle, not Snakemake's source
+    # archive) and moves artifacts through the default storage provider; `--shared-fs-usage sources` (a cluster that
+    # sees the checkout at the same path) makes jobs `cd` into it instead.
     implies_no_shared_fs=False,
     job_deploy_sources=False,
     # Secrets (S3 keys) must not be written into the job command: the executor hands the environment to Iris.

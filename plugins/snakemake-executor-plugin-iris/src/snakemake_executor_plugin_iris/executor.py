@@ -17,11 +17,12 @@ from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
 from snakemake_interface_executor_plugins.jobs import JobExecutorInterface
+from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import RAY_PORT_NAMES
 from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
-from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Submission, shell
+from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Submission, in_bundle, shell
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (
@@ -29,6 +30,8 @@ from snakemake_executor_plugin_iris.requests import (
     gang_command,
     placement,
     priority,
+    runtime_extras,
+    runtime_image,
     task_env,
 )
 
@@ -71,8 +74,15 @@ def storage_uri(path: Any) -> str:
 class Executor(RemoteExecutor):
     def __post_init__(self) -> None:
         self.settings: ExecutorSettings = self.workflow.executor_settings
+        # Snakemake's own setting says whether the nodes see this checkout (`--shared-fs-usage sources`, a local
+        # cluster, an image with the repository at this path) or get it as an Iris bundle (the iris profile).
+        self.bundled = SharedFSUsage.SOURCES not in self.workflow.storage_settings.shared_fs_usage
+        workflow_folder = Path(self.workflow.main_snakefile).resolve().parent
+        if self.bundled:
+            # The job's Snakemake runs from the unpacked bundle: name the Snakefile as the bundle holds it.
+            self.snakefile = os.path.relpath(self.workflow.main_snakefile, workflow_folder)
         try:
-            self.iris = Iris(controller_url(self.settings))
+            self.iris = Iris(controller_url(self.settings), workspace=workflow_folder if self.bundled else None)
         except IrisSubmitError as error:
             raise WorkflowError(str(error)) from error
         self.scheduler = IrisScheduler(self.iris.url)
@@ -127,11 +137,14 @@ class Executor(RemoteExecutor):
                 join_timeout_s=self.settings.join_timeout,
             )
         submission = Submission(
-            command=shell(os.getcwd(), command),
+            command=in_bundle(command) if self.bundled else shell(os.getcwd(), command),
             env=task_env(os.environ, self.envvars(), self.extra_env),
             ports=list(RAY_PORT_NAMES) if place.is_gang else [],
             scheduling_timeout_s=self.settings.scheduling_timeout,
             cpu_pool=self.settings.cpu_pool,
+            bundled=self.bundled,
+            image=runtime_image(resources),
+            extras=runtime_extras(resources),
         )
         job_id, adopted = self.iris.submit(name, place, submission)
         what = f"{place.replicas}-node gang" if place.is_gang else "job"

@@ -91,6 +91,16 @@ def placement(resources: Mapping[str, object], threads: int, defaults: Defaults)
     )
 
 
+def runtime_image(resources: Mapping[str, object]) -> str | None:
+    """The container image the job's nodes run (`iris_image`: the experiment's runtime.image), if any."""
+    return str(resources["iris_image"]) if resources.get("iris_image") else None
+
+
+def runtime_extras(resources: Mapping[str, object]) -> tuple[str, ...]:
+    """The extras Iris's set-up of the bundle installs (`iris_extras`: `gpu` on GPU topologies)."""
+    return tuple(n for n in re.split(r"[,\s]+", str(resources.get("iris_extras") or "")) if n)
+
+
 def task_env(environ: Mapping[str, str], declared: Mapping[str, str], extra: list[str]) -> dict[str, str]:
     """The environment handed to Iris: Snakemake's declared variables (storage settings, --envvars), the allow-list
     and `extra` names, when set. AWS_* / R2_* are refused: the cluster injects its own storage credentials."""
