@@ -320,13 +320,11 @@ def exists(uri: str) -> bool:
 
 @_reported
 def read_text(uri: str) -> str | None:
-    """The whole object as text; None when it does not exist."""
-    fs, path = filesystem(uri)
-    try:
-        with fs.open(path, "r", encoding="utf-8") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
+    """The whole object as text; None when it does not exist. One GET (`read_bytes`), not a file handle: a
+    handle's HEAD and ranged GETs fail with FileExpired when the object is rewritten between them (a heartbeat,
+    progress.json, a `latest` pointer: objects status reads while a gang rewrites them)."""
+    data = read_bytes(uri)
+    return None if data is None else data.decode("utf-8")
 
 
 @_reported
