@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 def test_iris_local_runs_the_graph_on_a_local_cluster_and_stops_it(tmp_path: Path) -> None:
     clone = copy_of_the_code(tmp_path / "clone")
-    experiment = small_experiment(tmp_path, max_steps=4, name="iris-local")
+    # A file of the checkout: Iris jobs get the checkout as a bundle and see no other file of this machine.
+    experiment = small_experiment(clone / "config" / "experiments", max_steps=4, name="iris-local")
     result = subprocess.run(
         [sys.executable, "scripts/iris_local.py", "--experiment", str(experiment)],
         cwd=clone,
