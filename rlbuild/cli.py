@@ -32,6 +32,7 @@ from rlbuild.plan.identity import derived_record
 from rlbuild.plan.planview import format_plan, plan_dict
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve_file
+from rlbuild.plan.spec import Experiment
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -167,9 +168,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.watch)
 
 
-def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path]:
-    """(controller URL, experiment root in the Iris profile's storage, experiment file) of `rlbuild submit` /
-    `rlbuild cancel`."""
+def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path, Experiment]:
+    """(controller URL, experiment root in the Iris profile's storage, experiment file, experiment) of `rlbuild
+    submit` / `rlbuild cancel`."""
     from rlbuild.ops.status import unscoped
     from rlbuild.workflow import experiment_file, workflow_config
 
@@ -194,7 +195,7 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path]:
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     path = experiment_file(REPO, args.experiment or config.experiment)
     experiment = load_experiment(path)
-    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name), path
+    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name), path, experiment
 
 
 def with_config(argv: list[str], entry: str) -> list[str]:
@@ -210,11 +211,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from rlbuild.ops.coordinator import Size, submit
     from rlbuild.workflow import in_checkout
 
-    url, root, path = _submit_context(args)
+    url, root, path, experiment = _submit_context(args)
     # The coordinator runs the checkout's bundle: it is handed the experiment as the bundle holds it.
     passed = with_config(args.snakemake_args, f"experiment={in_checkout(REPO, path)}")
     size = Size(cpu=args.cpu, memory=args.memory, disk=args.disk)
-    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO, load_experiment(path))
+    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO, experiment)
     verb = "is already running as" if adopted else "submitted as"
     print(f"coordinator of {' '.join(args.targets) or 'the default targets'} {verb} Iris job {job}")
     print(f"watch it:  python -m rlbuild status --storage-root {root.rsplit('/', 1)[0]} --watch 30")
@@ -226,7 +227,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     """Stop a detached coordinator and every job it submitted."""
     from rlbuild.ops.coordinator import cancel
 
-    url, root, _ = _submit_context(args)
+    url, root, _, _ = _submit_context(args)
     cancelled = cancel(root, url, args.targets)
     for job in cancelled:
         print(f"cancelled Iris job {job} and the jobs it submitted")

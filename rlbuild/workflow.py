@@ -11,7 +11,9 @@ import difflib
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,17 +327,30 @@ def experiment_file(repo: Path, selector: str) -> Path:
 
 
 def in_checkout(repo: Path, path: Path) -> str:
-    """`path` relative to the checkout, as a job that runs the checkout's bundle finds it."""
+    """`path` relative to the checkout, as a job that runs the checkout's bundle finds it; refused when the bundle
+    would not carry it (outside the checkout, git-ignored, or left out by `[tool.iris.bundle]`)."""
+    fix = (
+        "Iris jobs get the checkout as a bundle and see no other file of this machine: put the experiment in "
+        "the checkout, e.g. config/experiments/ (not git-ignored)"
+    )
     try:
-        return path.resolve().relative_to(repo.resolve()).as_posix()
+        relative = path.resolve().relative_to(repo.resolve()).as_posix()
     except ValueError:
-        fix = (
-            "Iris jobs get the checkout as a bundle and see no other file of this machine: put the experiment in "
-            "the checkout, e.g. config/experiments/ (not git-ignored)"
-        )
-        raise PreflightError(
-            "config.experiment", [Violation("experiment", f"{path} is outside the checkout {repo}", fix)]
-        ) from None
+        problem = f"{path} is outside the checkout {repo}"
+    else:
+        if not _left_out_of_bundles(repo, relative):
+            return relative
+        problem = f"{relative} is git-ignored or excluded by [tool.iris.bundle] in pyproject.toml"
+    raise PreflightError("config.experiment", [Violation("experiment", problem, fix)])
+
+
+def _left_out_of_bundles(repo: Path, relative: str) -> bool:
+    project = tomllib.loads((repo / "pyproject.toml").read_text()) if (repo / "pyproject.toml").is_file() else {}
+    patterns = project.get("tool", {}).get("iris", {}).get("bundle", {}).get("exclude", [])
+    if any(re.search(pattern, relative) for pattern in patterns):
+        return True
+    ignored = subprocess.run(["git", "check-ignore", "-q", relative], cwd=repo, capture_output=True, check=False)
+    return ignored.returncode == 0  # 1: not ignored; 128: not a git repository (Iris then bundles every file)
 
 
 def hand_experiment_to_bundles(workflow: Any, repo: Path, path: Path) -> None:
@@ -611,14 +626,12 @@ class Graph:
         }
 
 
-# Resources only one scheduler reads. Slurm's jobstep executor reads `mpi` inside the job, hence "slurm*".
-SLURM_ONLY = frozenset({"slurm_account", "slurm_partition", "qos", "slurm_extra", "mpi", "gres", "tasks", "nodes"})
-
-
 def _scheduler_of(resource: str) -> str | None:
+    """The one scheduler that reads this resource, if only one does ("slurm" covers its jobstep executor, which
+    reads `mpi` inside the job)."""
     if resource.startswith("iris_"):
         return "iris"
-    return "slurm" if resource in SLURM_ONLY else None
+    return "slurm" if resource in slurm.SLURM_ONLY else None
 
 
 def _only_under(graph: Graph, scheduler: str, value: int | str) -> Callable[..., int | str | None]:

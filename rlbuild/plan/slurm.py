@@ -31,6 +31,11 @@ SECTION = "execution.slurm"
 _GPUS = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 
 
+# The resources below that only Slurm's executors read (the others, chain_*, mem_mb, cpus_per_task, runtime, are
+# read by the rule's command or by other executors too).
+SLURM_ONLY = frozenset({"slurm_account", "slurm_partition", "qos", "slurm_extra", "mpi", "gres", "tasks", "nodes"})
+
+
 def gang_resources(experiment: Experiment) -> dict[str, int | str]:
     """Rule resources of the train gang; the chain settings (`chain_*`) are read by the rule's command."""
     slurm = experiment.execution.slurm

@@ -13,6 +13,7 @@ from iris.client import JobState
 
 from rlbuild.contracts import runtime
 from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
+from rlbuild.dev.iris_cluster import REPO
 from rlbuild.dev.launches import write_test_launch
 from rlbuild.job.gang import RuntimeMismatchError, check_runtime
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError
@@ -234,3 +235,15 @@ def test_submit_puts_the_experiment_into_the_one_config_snakemake_keeps() -> Non
     assert with_config(["--cores", "2"], "experiment=x") == ["--cores", "2", "--config", "experiment=x"]
     merged = with_config(["--config", "a=1", "--jobs", "2", "--config", "versions=['v']"], "experiment=x")
     assert merged == ["--config", "a=1", "--jobs", "2", "--config", "experiment=x", "versions=['v']"]
+
+
+def test_an_experiment_the_bundle_would_not_carry_is_refused_naming_why(tmp_path: Path) -> None:
+    from rlbuild.core.errors import PreflightError
+    from rlbuild.workflow import in_checkout
+
+    assert in_checkout(REPO, REPO / "config" / "experiments" / "tiny-addition.yaml") == (
+        "config/experiments/tiny-addition.yaml"
+    )
+    for path, why in ((tmp_path / "x.yaml", "is outside the checkout"), (REPO / "results" / "x.yaml", "git-ignored")):
+        with pytest.raises(PreflightError, match=why):
+            in_checkout(REPO, path)
