@@ -11,7 +11,8 @@ of 16, 2 update epochs (TRL: num_iterations=2), lr 1e-3 cosine to 1e-4 over the 
 1, AdamW (0.9, 0.99). The advantage eps is TRL's (1e-4, fixed in its code): ours is configured to it
 (`trainer.algorithm.advantage_eps`). Before timing a row, both sides compute the loss and gradients of one
 optimizer step on one fixed batch (same completions, the policy moved off the reference so the KL and the clip
-are live) and the benchmark asserts they agree. Then each side trains `--steps` steps; it prints seconds per
+are live, but no token past the bounds our trainer puts on log-ratios and KL and TRL does not) and the benchmark
+asserts they agree. Then each side trains `--steps` steps; it prints seconds per
 step (the first step excluded: both warm up; ours: the loop's own step time, TRL: from one step's end to the
 next, so everything its loop does counts), held-out greedy accuracy, and the ratio. TRL runs without activation
 checkpointing (its default recomputes every forward in the backward; ours does not, and the model is tiny).
@@ -50,6 +51,11 @@ from trainer.commands.evaluate import evaluate  # noqa: E402
 EXPERIMENT = REPO / "config" / "experiments" / "tiny-addition.yaml"
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by (std + 1e-4), a literal in GRPOTrainer._generate_and_score_completions
 AGREEMENT = 1e-5  # relative; float32 sums in another order differ by ~1e-7
+# How far the agreement check moves the policy, in each weight's std, largest first: far enough that the clip and
+# the KL are live, not so far that a token's log-ratio passes LOG_RATIO_CLAMP or its k3 KL passes KL_CLAMP
+# (trainer/workers/grpo.py): SkyRL bounds both and so do we, TRL bounds neither, so past them the two objectives
+# differ by design. One base model's batch put tokens past KL_CLAMP at 0.3 and the losses 42 % apart.
+PERTURBATION_SCALES = (0.3, 0.2, 0.1, 0.05)
 
 
 @dataclass(frozen=True)
@@ -175,12 +181,43 @@ def trl_trainer(bench: Bench, work: Path, row: Row, rollout_func: Any = None) ->
 # ---------------------------------------------------------------------------------------------- agreement
 
 
-def _perturb(model: torch.nn.Module, seed: int) -> None:
+def _perturb(model: torch.nn.Module, scale: float) -> None:
     """Move the policy off the reference (and off the old policy), the same way on both sides."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for _, parameter in sorted(model.named_parameters()):
-            parameter.add_(0.3 * parameter.std().nan_to_num() * torch.randn(parameter.shape, generator=generator))
+            parameter.add_(scale * parameter.std().nan_to_num() * torch.randn(parameter.shape, generator=generator))
+
+
+def _perturb_within_bounds(
+    model: torch.nn.Module, shard: dict[str, torch.Tensor], old: torch.Tensor, ref: torch.Tensor | None, recipe: Recipe
+) -> dict[str, float]:
+    """Perturb our policy by the largest of PERTURBATION_SCALES that leaves every token inside our clamps, and say
+    how far that went: tokens clipped (the clip is live), and tokens past each clamp (none, or it raises)."""
+    from trainer.workers import grpo, policy
+
+    algorithm, temperature = recipe.trainer.algorithm, recipe.generator.sampling_params.temperature
+    mask = shard["completion_mask"].bool()
+    saved = [p.detach().clone() for _, p in sorted(model.named_parameters())]
+    for scale in PERTURBATION_SCALES:
+        with torch.no_grad():
+            for (_, parameter), value in zip(sorted(model.named_parameters()), saved, strict=True):
+                parameter.copy_(value)
+        _perturb(model, scale)
+        new = policy.score(model, shard, temperature, mask.shape[0])
+        log_ratio = (new - old)[mask]
+        to_ref = torch.zeros_like(log_ratio) if ref is None else (ref - new)[mask]
+        regime = {
+            "perturbation": scale,
+            "clipped_tokens": int(
+                ((log_ratio.exp() < 1 - algorithm.eps_clip_low) | (log_ratio.exp() > 1 + algorithm.eps_clip_high)).sum()
+            ),
+            "tokens_past_log_ratio_clamp": int((log_ratio.abs() > grpo.LOG_RATIO_CLAMP).sum()),
+            "tokens_past_kl_clamp": int((to_ref.exp() - to_ref - 1 > grpo.KL_CLAMP).sum()),
+        }
+        if not regime["tokens_past_log_ratio_clamp"] and not regime["tokens_past_kl_clamp"]:
+            return regime
+    raise AssertionError(f"every perturbation put tokens past our clamps, where TRL's objective differs: {regime}")
 
 
 def _gradient(model: torch.nn.Module) -> torch.Tensor:
@@ -209,7 +246,8 @@ def fixed_batch(bench: Bench, launch: LaunchDocument) -> tuple[list[dict[str, st
 
 
 def ours_on_batch(launch: LaunchDocument, prompts: list[list[int]], rollouts: list[Any], rewards: torch.Tensor) -> Any:
-    """Our loss and gradient of the first optimizer step: the policy worker's own loss code, accumulated by micro."""
+    """Our loss and gradient of the first optimizer step: the policy worker's own loss code, accumulated by micro;
+    and the perturbation it took (`_perturb_within_bounds`)."""
     from trainer.workers import grpo, policy, sharding
     from trainer.workers.batch import update_batch
 
@@ -227,7 +265,7 @@ def ours_on_batch(launch: LaunchDocument, prompts: list[list[int]], rollouts: li
             rows = shard["input_ids"].shape[0]
             old = policy.score(worker.model, shard, temperature, rows)
             ref = policy.score(worker.ref, shard, temperature, rows) if worker.ref is not None else None
-            _perturb(worker.model, 0)
+            regime = _perturb_within_bounds(worker.model, shard, old, ref, recipe)
             worker.model.train()
             sums = {name: torch.zeros(()) for name in policy._SUMMED}
             total = torch.zeros(())
@@ -237,17 +275,23 @@ def ours_on_batch(launch: LaunchDocument, prompts: list[list[int]], rollouts: li
                 loss, _ = worker._micro_loss(batch, old[part, :width], None if ref is None else ref[part, :width], sums)
                 loss.backward()
                 total += loss.detach()
-            return advantages, float(total), _gradient(worker.model)
+            return advantages, float(total), _gradient(worker.model), regime
         finally:
             worker.shutdown()
 
 
 def trl_on_batch(
-    bench: Bench, work: Path, row: Row, rows: list[dict[str, str]], prompts: list[list[int]], rollouts: list[Any]
+    bench: Bench,
+    work: Path,
+    row: Row,
+    batch: tuple[list[dict[str, str]], list[list[int]], list[Any]],
+    perturbation: float,
 ) -> Any:
     """TRL's loss and gradient of the first optimizer step, its own scoring (rewards, advantages, ref and old
     logprobs) run on our completions through `rollout_func`."""
     from trl.trainer.utils import split_tensor_dict
+
+    rows, prompts, rollouts = batch
 
     def fixed(batch_prompts: list[str], _: Any) -> dict[str, Any]:
         assert batch_prompts == [r["prompt"] for r in rows]
@@ -260,7 +304,7 @@ def trl_on_batch(
     trainer = trl_trainer(bench, work, row, rollout_func=fixed)
     trainer.model.train()
     scored = trainer._generate_and_score_completions(rows)
-    _perturb(trainer.model, 0)
+    _perturb(trainer.model, perturbation)
     micro = bench.recipe.trainer.micro_train_batch_size_per_gpu
     trainer.current_gradient_accumulation_steps = len(rows) // micro
     total = torch.zeros(())
@@ -279,12 +323,13 @@ def check_agreement(bench: Bench, work: Path, row: Row) -> dict[str, float]:
     from trainer.rewards import rewards as score_rollouts
 
     launch = bench.launch(work / "check", row)
-    rows, prompts, rollouts = fixed_batch(bench, launch)
+    rows, prompts, rollouts = batch = fixed_batch(bench, launch)
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir(bench.seed))
     rewards = torch.tensor(score_rollouts(tokenizer, env.make("exact_match"), rows, rollouts))
-    our_adv, our_loss, our_grad = ours_on_batch(launch, prompts, rollouts, rewards)
-    trl_adv, trl_loss, trl_grad = trl_on_batch(bench, work / "check-trl", row, rows, prompts, rollouts)
+    our_adv, our_loss, our_grad, regime = ours_on_batch(launch, prompts, rollouts, rewards)
+    trl_adv, trl_loss, trl_grad = trl_on_batch(bench, work / "check-trl", row, batch, regime["perturbation"])
     agreement = {
+        **regime,
         "reward_mean": float(rewards.mean()),
         "advantages_max_abs_diff": float((our_adv - trl_adv).abs().max()),
         "loss_ours": our_loss,
@@ -295,6 +340,7 @@ def check_agreement(bench: Bench, work: Path, row: Row) -> dict[str, float]:
     }
     print(f"[{row.name}] agreement on a fixed batch: {agreement}", flush=True)
     assert rewards.sum() > 0 and agreement["gradient_norm"] > 0, "the fixed batch has no learning signal"
+    assert agreement["clipped_tokens"] > 0, "the perturbation left the clip idle: the check would not compare it"
     assert agreement["advantages_max_abs_diff"] < 1e-6, agreement
     assert agreement["loss_relative_diff"] < AGREEMENT, agreement
     assert agreement["gradient_relative_diff"] < AGREEMENT, agreement

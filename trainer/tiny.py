@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import random
 import string
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,9 +46,19 @@ TASK_FRACTION = 0.6  # the rest is counting, half up, half down
 # move a preference that all prompts share: what generalises to prompts it never trains on. At 0.2, one seed's
 # policy learnt that shift and then memorised its train pairs (trainer/README.md, "The tiny default").
 RIGHT_SHARE = 0.3
-# What the base_model rule always had (Snakemake gives a job without `threads:` OMP_NUM_THREADS=1): tests,
-# benchmarks and the graph build the same base model on any machine.
-WARM_START_THREADS = 1
+# The warm start's numerics, the same on every x86-64 CPU: one thread (sums split over two threads round otherwise),
+# torch's portable kernels instead of the AVX2 or AVX-512 ones the CPU would pick, and MKL's reproducible code path
+# instead of the one tuned for the CPU. Unpinned, an Intel box and an AVX-512 AMD EPYC built base models of seed 42
+# that answered 0.35 and 0.60 of addition's held-out pairs greedily, and GRPO took them to 1.00 and 0.75. Pinned,
+# the weights' bits did not move under any other ISA oneDNN or MKL was held to (MKL_CBWR=COMPATIBLE,STRICT,
+# ONEDNN_MAX_CPU_ISA=AVX2/SSE41), at 1.5x the unpinned build's time. Torch and MKL read these when they load, so
+# only a fresh process can take them: `base-model` re-runs itself with them. ARM CPUs (a Mac) build other bits.
+PINNED_NUMERICS = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_CBWR": "COMPATIBLE",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 COUNT_TO = 19
 
 
@@ -157,21 +170,18 @@ def warm_start(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed:
 
 
 def build_base_model(out_dir: Path, seed: int, warm_start_steps: int = WARM_START_STEPS) -> dict[str, Any]:
-    """Build, warm-start and save the tiny model + tokenizer as an HF folder; deterministic for `seed`.
-
-    The warm start runs on WARM_START_THREADS threads whatever the machine or caller: sums split over another
-    number of threads round differently (~1e-6 in the weights), and GRPO on a sparse reward amplifies that (one
-    reversal recipe ended at 0.84 and at 0.28 held-out from the 2- and the 1-thread build).
-    """
+    """Build, warm-start and save the tiny model + tokenizer as an HF folder: the same bits for `seed` on any x86-64
+    CPU, in a process started with PINNED_NUMERICS (`python -m trainer base-model` starts one)."""
+    unpinned = {k: os.environ.get(k) for k, v in PINNED_NUMERICS.items() if os.environ.get(k) != v}
+    if unpinned:
+        raise TrainerError(
+            f"the tiny base model is built with pinned CPU numerics, but this process has {unpinned}; build it with "
+            f"`python -m trainer base-model`, which sets {PINNED_NUMERICS}"
+        )
     started = time.perf_counter()
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(WARM_START_THREADS)
-    try:
-        loss = warm_start(model, tokenizer, seed, warm_start_steps)
-    finally:
-        torch.set_num_threads(threads)
+    loss = warm_start(model, tokenizer, seed, warm_start_steps)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -195,6 +205,9 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
     def run(args: argparse.Namespace) -> int:
+        if any(os.environ.get(k) != v for k, v in PINNED_NUMERICS.items()):
+            command = [sys.executable, "-m", "trainer", "base-model", "--out", str(args.out), "--seed", str(args.seed)]
+            return subprocess.run(command, env={**os.environ, **PINNED_NUMERICS}, check=False).returncode
         print(build_base_model(args.out, args.seed))
         return 0
 
