@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION
 from rlbuild.contracts.layout import pack
+from rlbuild.contracts.runtime import REPO_ROOT
 from rlbuild.core.redact import redact
 from rlbuild.core.wire import numeric_env
 from rlbuild.plan.modelcheck import source_model_config
 from rlbuild.plan.preflight import rollout_backend
 from rlbuild.plan.resolve import Plan
 from rlbuild.plan.roleplan import shape_of_plan
-from rlbuild.plan.slurm import expected_links
+from rlbuild.plan.slurm import expected_links, format_shared_disk, shared_disk
 
 
 def artifact_uris(plan: Plan) -> dict[str, str]:
@@ -33,6 +36,7 @@ def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] |
         "step_time_s": step_time,
         "step_time_source": source,
         "expected_links": expected_links(placement, plan.recipe.trainer.max_steps, step_time),
+        "shared_disk": shared_disk(REPO_ROOT, Path(sys.executable)),
     }
 
 
@@ -105,6 +109,7 @@ def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
         f"qos {slurm['qos'] or '-'}; whole nodes, exclusive, one task per node",
         f"  chain          wall-clock limit {slurm['time_limit']} per link, checkpoint and hand-over "
         f"{slurm['signal_lead_s']} s before it; at most {slurm['max_links']} link(s), {expected}",
+        format_shared_disk(slurm["shared_disk"]),
     ]
 
 

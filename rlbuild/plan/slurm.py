@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts.launch import CPU_VARIANT
@@ -224,3 +225,47 @@ def check_partition(experiment: Experiment, partition: Partition | None) -> list
             )
         )
     return out
+
+
+# File systems that several hosts mount (Lustre, GPFS, NFS, ...): Slurm's model is that every node sees the
+# submitter's checkout and interpreter at the same path, which only one of these (or a fuse mount of one) gives.
+SHARED_FILE_SYSTEMS = frozenset(
+    {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "wekafs", "panfs", "cifs", "smb3"}
+)
+
+
+def file_system(path: Path, mounts: Path = Path("/proc/mounts")) -> str | None:
+    """The type of the file system holding `path` (the longest mount point above it), or None where the host does
+    not say (no /proc/mounts: a Mac)."""
+    try:
+        table = [line.split() for line in mounts.read_text().splitlines()]
+    except OSError:
+        return None
+    resolved = path.resolve()
+    above = [(Path(f[1]), f[2]) for f in table if len(f) >= 3 and resolved.is_relative_to(f[1])]
+    return max(above, key=lambda m: len(m[0].parts))[1] if above else None
+
+
+def shared_disk(checkout: Path, interpreter: Path, mounts: Path = Path("/proc/mounts")) -> dict[str, Any]:
+    """What Slurm's jobs run from the submitting host's disk (the interpreter, with `-m rlbuild`, in the checkout)
+    and whether other nodes can see it: a shared file system's type says yes; anything else says only this host,
+    unless every node mounts the same path (which no check from here can see)."""
+    paths = {"checkout": checkout, "interpreter": interpreter}
+    types = {name: file_system(path, mounts) for name, path in paths.items()}
+    shared = {name: t is not None and (t in SHARED_FILE_SYSTEMS or t.startswith("fuse.")) for name, t in types.items()}
+    return {
+        "checkout": str(checkout),
+        "interpreter": str(interpreter),
+        "file_systems": types,
+        "all_shared": all(shared.values()),
+    }
+
+
+def format_shared_disk(disk: dict[str, Any]) -> str:
+    types = ", ".join(sorted({t or "unknown" for t in disk["file_systems"].values()}))
+    verdict = (
+        "shared"
+        if disk["all_shared"]
+        else "not a shared file system: other nodes see it only if they mount the same path (not checked from here)"
+    )
+    return f"  shared disk    jobs run {disk['interpreter']} -m rlbuild in {disk['checkout']} ({types}: {verdict})"

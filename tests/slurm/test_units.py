@@ -5,6 +5,7 @@ attempt from Slurm's variables, its ports, and the environment a job may receive
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from rlbuild.schedulers.base import GangTaskError, TaskIdentity
 from rlbuild.schedulers.registry import task_scheduler
 from rlbuild.schedulers.slurm import PORT_BAND, Slurm
 from tests.spine.experiments import experiment
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Seed 004: 56 GPUs on Jupiter's GH200 nodes (4 GPUs each) is 14 nodes; 12-hour limit, chained.
 JUPITER = {"account": "reformo", "partition": "booster", "qos": "normal", "time_limit": "11:59:00"}
@@ -101,6 +104,29 @@ def test_the_plan_shows_the_slurm_placement_and_the_expected_links(tmp_path: Pat
     assert "slurm          account reformo, partition booster, qos normal" in text
     assert "wall-clock limit 11:59:00 per link, checkpoint and hand-over 600 s before it; at most 5 link(s)" in text
     assert "expected 3 (200 steps x 600 s configured)" in text
+    assert f"shared disk    jobs run {sys.executable} -m rlbuild in {REPO}" in text
+
+
+def test_the_shared_disk_line_tells_a_cluster_file_system_from_this_hosts(tmp_path: Path) -> None:
+    """Slurm nodes run the submitter's interpreter in its checkout at the same path: the plan says whether those
+    sit on a file system other hosts mount (the longest mount point above each path decides)."""
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/nvme0n1p1 / ext4 rw 0 0\n"
+        "fs1:/home /home nfs4 rw 0 0\n"
+        "tmpfs /home/me/scratch tmpfs rw 0 0\n"
+        "lustre@o2ib:/proj /proj lustre rw 0 0\n"
+    )
+    on_cluster = slurm.shared_disk(Path("/proj/rl/rlbuild"), Path("/home/me/venv/bin/python"), mounts)
+    assert on_cluster["file_systems"] == {"checkout": "lustre", "interpreter": "nfs4"} and on_cluster["all_shared"]
+    assert "(lustre, nfs4: shared)" in slurm.format_shared_disk(on_cluster)
+    local = slurm.shared_disk(Path("/home/me/scratch/rlbuild"), Path("/usr/bin/python3"), mounts)
+    assert local["file_systems"] == {"checkout": "tmpfs", "interpreter": "ext4"} and not local["all_shared"]
+    assert "not a shared file system: other nodes see it only if they mount the same path" in (
+        slurm.format_shared_disk(local)
+    )
+    unknown = slurm.shared_disk(Path("/proj/x"), Path("/usr/bin/python3"), tmp_path / "no-such-table")
+    assert unknown["file_systems"] == {"checkout": None, "interpreter": None} and not unknown["all_shared"]
 
 
 def test_a_slurm_task_takes_rank_and_attempt_from_slurms_variables() -> None:
