@@ -2,9 +2,10 @@
 greedy accuracy (on prompts training never samples) rises well above the base model's and reaches most prompts.
 
 The thresholds are what every cell of trainer/README.md's "Robust recipes" cleared with margin: three seeds, each
-as this machine runs it and under two perturbations that stand in for another CPU (`benchmarks/learning_spread.py`:
-two torch threads per actor, base weights perturbed by 1e-6). No assertion here rides on one bit pattern. A failing
-run prints the curve it saw (reward, held-out and train-prompt accuracy at each eval).
+as this machine runs it and under three perturbations that stand in for another CPU (`benchmarks/learning_spread.py`:
+torch's AVX2 and portable kernels, base weights perturbed by 1e-6). The base model itself is the same on every
+x86-64 machine (trainer/tiny.py builds it with pinned numerics), so no assertion here rides on one bit pattern.
+A failing run prints the curve it saw (reward, held-out and train-prompt accuracy at each eval).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _curve(records: list[dict[str, Any]]) -> str:
 
 
 # (task, held-out accuracy at the end, its least gain over the base model's). Both run their whole shipped recipe.
-# Every cell measured: addition 0.85-1.00 held-out at the end, a gain of 0.55-0.65; reversal 1.00, 0.56-0.84.
+# Every cell measured: addition 0.85-0.95 held-out at the end, a gain of 0.45-0.80; reversal 0.96-1.00, 0.68-0.96.
 THRESHOLDS = [("addition", 0.6, 0.3), ("reversal", 0.7, 0.3)]
 
 
@@ -74,6 +75,7 @@ def test_the_shipped_experiment_learns_its_held_out_prompts(
     assert summary["final_eval_accuracy"] >= held_out, curve
     assert summary["final_eval_accuracy"] - summary["initial_eval_accuracy"] >= gain, curve
     # The reward is dense from the first step (the base model samples right answers), so it rises rather than
-    # takes off: every measured cell averaged 0.88 or more over its last 10 steps, 0.23 or more above its first 10.
+    # takes off: every measured cell averaged 0.88 or more over its last 20 steps; the default run 0.91 over its
+    # last 10, 0.28 above its first 10.
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last >= max(0.8, first + 0.1), curve
