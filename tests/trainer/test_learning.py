@@ -3,8 +3,8 @@ greedy accuracy (on prompts training never samples) rises well above the base mo
 
 The thresholds are what every cell of trainer/README.md's "Robust recipes" cleared with margin: three seeds, each
 as this machine runs it and under three perturbations that stand in for another CPU (`benchmarks/learning_spread.py`:
-torch's AVX2 and portable kernels, base weights perturbed by 1e-6). The base model itself is the same on every
-x86-64 machine (trainer/tiny.py builds it with pinned numerics), so no assertion here rides on one bit pattern.
+torch's AVX2 and portable kernels, base weights perturbed by 1e-6), and trainer/tiny.py builds the base model with
+pinned numerics so that x86-64 machines start from the same one. No assertion here rides on one bit pattern.
 A failing run prints the curve it saw (reward, held-out and train-prompt accuracy at each eval).
 """
 
