@@ -32,6 +32,7 @@ try:
         EXPERIMENT_FILE,
         announce=workflow.is_main_process,
         allow_retrain=CONFIG.allow_retrain,
+        skip_smoke=CONFIG.skip_smoke,
         on_cluster=workflow.resource_settings.nodes is not None,
         shares_venv=SharedFSUsage.SOFTWARE_DEPLOYMENT in workflow.storage_settings.shared_fs_usage,
         node_limits=CONFIG.node_limits,
@@ -89,11 +90,13 @@ onerror:
 
 
 rule all:
-    """Every configured version evaluated (and published, where the experiment sets execution.publish)."""
+    """Every configured version evaluated (and published, where the experiment sets execution.publish); in a
+    series (arms: in the experiment file), every arm, and the series' comparison report."""
     input:
-        expand(ARTIFACT["eval"].path(), version=CONFIG.versions),
+        GRAPH.targets(CONFIG.versions, ARTIFACT["eval"].path()),
         # The optional publish stage: only where the experiment sets execution.publish.
-        expand("publish/v{version}.json", version=CONFIG.versions if GRAPH.experiment.execution.publish else []),
+        GRAPH.targets(CONFIG.versions if GRAPH.experiment.execution.publish else [], "publish/v{version}.json"),
+        GRAPH.series_reports(CONFIG.versions),
     default_target: True
 
 
@@ -114,3 +117,4 @@ include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/eval.smk"
 include: "rules/publish.smk"
+include: "rules/compare.smk"

@@ -29,7 +29,7 @@ from rlbuild.core.wire import ALLOW_RETRAIN, INTERRUPTED_EXIT_CODE
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.job import interrupts
 from rlbuild.plan.identity import derived_record
-from rlbuild.plan.planview import format_plan, plan_dict
+from rlbuild.plan.planview import Cost, format_plan, plan_dict
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve_file
 from rlbuild.plan.spec import Experiment
@@ -110,10 +110,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
     versions = [args.version] if args.version is not None else config.versions
     plans: dict[str, Plan] = {}
+    costs: dict[str, Cost] = {}
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
         shares_venv = profile_shares_venv(REPO, args.profile) if args.profile else True
-        plans, errors = check_all(
+        plans, errors, costs = check_all(
             load_experiment(path), versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
         )
     except RlbuildError as exc:
@@ -122,9 +123,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(redact_text(str(PreflightError(str(args.experiment or config.experiment), errors))), file=sys.stderr)
     if args.json:
         found = {"ok": not errors, "errors": [v.as_dict() for v in errors]}
-        print(json.dumps(found | {"plans": {v: plan_dict(p) for v, p in plans.items()}}, indent=2))
+        dicts = {v: plan_dict(p, cost=costs.get(v)) for v, p in plans.items()}
+        print(json.dumps(found | {"plans": dicts}, indent=2))
     else:
-        print("\n\n".join(format_plan(p) for p in plans.values()))
+        print("\n\n".join(format_plan(p, cost=costs.get(v)) for v, p in plans.items()))
     return EXIT_INVALID if errors else 0
 
 
@@ -239,7 +241,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_base_model(args: argparse.Namespace) -> int:
     plan = _plan(args)
     out = Path(args.out)
-    code = _trainer("base-model", "--out", str(out), "--seed", str(plan.experiment.seed))
+    code = _trainer("base-model", "--out", str(out), "--seed", str(plan.records["base_model"]["fields"]["seed"]))
     if code == 0:
         _write_record(Path(args.record), plan.records["base_model"], args.out)
     return code
@@ -389,7 +391,35 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-root", default=DEFAULT_STORAGE_ROOT, help="local folder or s3://bucket/prefix")
 
 
-PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel}
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The series report of one version: every arm side by side. The rule `compare` names each arm's launch
+    document and eval results; a person names the version, and the arms are read from the storage root."""
+    from rlbuild.ops.compare import read_arm, write_report
+    from rlbuild.plan.series import series_keys
+    from rlbuild.workflow import experiment_file, workflow_config
+
+    if args.launches:
+        experiment = load_experiment(Path(args.experiment))
+        pairs = list(zip(args.launches, args.results or [], strict=True))
+        out = Path(args.out)
+    else:
+        config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
+        experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
+        root = storage.join(_storage_root(args.storage_root or str(REPO / config.storage_root)), experiment.name)
+        version = args.version or config.versions[0]
+        keys = series_keys(experiment, version)
+        pairs = [
+            (storage.join(root, artifact("launch").path(k)), storage.join(root, artifact("eval").path(k))) for k in keys
+        ]
+        out = Path(args.out or f"series-{experiment.name}-v{version}")
+    report = write_report(experiment, [read_arm(*pair) for pair in pairs], out)
+    for arm, found in report["arms"].items():
+        print(f"{arm:<16} accuracy {found['scores'].get('accuracy')}  GPU-h {found['gpu_hours']}  {found['key']}")
+    print(f"rlbuild: series report in {out}/")
+    return 0
+
+
+PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel, cmd_compare}
 
 
 def _operator_commands(sub: argparse._SubParsersAction) -> None:
@@ -435,7 +465,7 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
 
 
-PEOPLE_VERBS = "{check,status,submit,cancel}"
+PEOPLE_VERBS = "{check,status,compare,submit,cancel}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -464,6 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_check)
+
+    compare = sub.add_parser("compare", help="the series report of a version: every arm's curves, evals and cost")
+    compare.add_argument("experiment", nargs="?", help="an experiment name or .yaml path (default: config.yaml's)")
+    compare.add_argument("--version", help="YYYY.MM.DD[.N] or dev (default: config/config.yaml's first version)")
+    compare.add_argument("--storage-root", help="local folder or s3://bucket/prefix (default: config/config.yaml's)")
+    compare.add_argument("--out", help="the report's folder (default: ./series-<experiment>-v<version>/)")
+    compare.add_argument("--launches", nargs="+", help="(the rule) each arm's launch.yaml")
+    compare.add_argument("--results", nargs="+", help="(the rule) each arm's eval results.json, in the same order")
+    compare.set_defaults(func=cmd_compare)
 
     _operator_commands(sub)
     _stage_commands(sub)

@@ -21,10 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from snakemake.common import dict_to_key_value_args
+from snakemake.io import ancient
 from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from rlbuild.contracts import checkpoints
-from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION, artifact, kind_of_target
+from rlbuild.contracts.artifacts import ARTIFACTS, arm_key, arm_of, artifact, is_mutable, kind_of_target, version_of
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
@@ -34,7 +35,7 @@ from rlbuild.core.validation import violations
 from rlbuild.core.wire import restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
-from rlbuild.plan import slurm
+from rlbuild.plan import series, slurm
 from rlbuild.plan.noderuntime import node_runtime
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import load_experiment
@@ -45,6 +46,7 @@ from rlbuild.plan.versioning import (
     checked_plan,
     experiment_problems,
     measured_step_time,
+    plan_cost,
     rebuild_reasons,
 )
 from rlbuild.schedulers.registry import SCHEDULERS
@@ -63,6 +65,7 @@ class WorkflowConfig(BaseModel):
     versions: list[str] = Field(min_length=1, description="the versions `snakemake` builds with no target")
     storage_root: str = Field(min_length=1, description="the local storage root, relative to the repository")
     allow_retrain: bool = Field(False, description="let this run retrain a completed fixed version")
+    skip_smoke: bool = Field(False, description="let a series' arms train without waiting for its smoke arm")
     # The largest node the cluster offers, declared by a profile (`config: [node_memory=2TB, ...]`) or here: the
     # experiment's per-node sizes must fit it. Undeclared: unchecked.
     node_cpu: float | None = Field(None, gt=0, description="CPUs of the largest node")
@@ -392,6 +395,7 @@ class Graph:
     experiment_file: Path
     announce: bool
     allow_retrain: bool = False
+    skip_smoke: bool = False  # a series' arms train without waiting for its smoke arm
     on_cluster: bool = False  # a cluster executor (remote jobs: Snakemake's --jobs), not the local one
     # Snakemake shares software deployment with the jobs (its `--shared-fs-usage`): they run this checkout's .venv.
     shares_venv: bool = True
@@ -421,6 +425,7 @@ class Graph:
         self.inventory = Inventory(self.experiment_root)
         if workflow.storage_settings.default_storage_provider:
             answer_from_listings(self.inventory)
+            self.inventory.list_ahead()  # while Snakemake parses the rules: the DAG asks for every folder
 
     def terminal_stage(self, version: str) -> str:
         """The last artifact kind this invocation asks for, as the plan reports it."""
@@ -449,9 +454,18 @@ class Graph:
                 inventory=self.inventory,
             )
             self._plans[version] = plan
-            if self.announce:
+            if self.announce and series.plain_in_series(self.experiment, version, "launch") is not None:
+                shared = ", ".join(k for k in series.SHARED_STAGES if k in plan.records)
+                print(
+                    f"rlbuild plan: {self.experiment.name} @ {version}: the stages its arms share ({shared})",
+                    file=sys.stderr,
+                )
+            elif self.announce:
                 step_time = measured_step_time(self.experiment, plan)
-                print(format_plan(plan, self.terminal_stage(version), step_time), file=sys.stderr)
+                cost = plan_cost(self.experiment, plan, self.inventory)
+                print(format_plan(plan, self.terminal_stage(version), step_time, cost), file=sys.stderr)
+                for line in series.plan_lines(self.experiment, version):
+                    print(line, file=sys.stderr)
                 for line in rebuild_reasons(plan, StoredRecords(plan, self.inventory).read):
                     print(line, file=sys.stderr)
                 for key, holder in self.leases_now().items():
@@ -472,11 +486,42 @@ class Graph:
 
         def inputs(wildcards: Any) -> list[str]:
             plan = self.checked(wildcards.version)
-            if wildcards.version != MUTABLE_VERSION:
+            if (problem := series.plain_in_series(self.experiment, wildcards.version, kind)) is not None:
+                fail(PreflightError(str(self.experiment_file), [problem]))
+            if not is_mutable(wildcards.version):
                 return []
             return [f".fingerprints/{kind}/v{wildcards.version}/{plan.records[kind]['fingerprint']}"]
 
         return inputs
+
+    def stage(self, kind: str, *, record: bool = False) -> Callable[[Any], str]:
+        """Input function: a shared stage's output (or its record) as this version key uses it; an arm of a series
+        may use the plain version's, or an earlier arm's (rlbuild/plan/series.py)."""
+        a = artifact(kind)
+
+        def path(wildcards: Any) -> str:
+            key = self.checked(wildcards.version).key_of(kind)
+            return a.record(key) if record else a.path(key)
+
+        return path
+
+    def targets(self, versions: list[str], pattern: str) -> list[str]:
+        """`pattern` (an output with `{version}`) for each version `snakemake` builds with no target: each arm of
+        a series (its smoke first; aliases are their arm's build), else the version itself."""
+        keys = [key for version in versions for key in series.series_keys(self.experiment, version)]
+        return [pattern.format(version=key) for key in keys]
+
+    def series_files(self, pattern: str) -> Callable[[Any], list[str]]:
+        """Input function of the series report: `pattern` for every arm of the wildcard's version."""
+
+        def files(wildcards: Any) -> list[str]:
+            return self.targets([wildcards.version], pattern)
+
+        return files
+
+    def series_reports(self, versions: list[str]) -> list[str]:
+        """The comparison report of each version of a series (none for an experiment without arms)."""
+        return [series.report_path(version) for version in versions] if self.experiment.arms else []
 
     def train_inputs(self, wildcards: Any) -> list[str]:
         """The train rule's input function: the marker, and the refusal to force a completed fixed version.
@@ -488,7 +533,16 @@ class Graph:
         forced = forced_by(getattr(self.workflow, "dag_settings", None), version)
         if forced and self._retrain_refused(plan):
             fail(retrain_refused(version, forced))
-        return self.marker("train")(wildcards)
+        return self.marker("train")(wildcards) + self._smoke_first(version)
+
+    def _smoke_first(self, key: str) -> list[str]:
+        """An arm of a series trains after its smoke succeeded (unless `--config skip_smoke=true`). `ancient`: a
+        smoke built after an arm (added to the series later, or rerun) does not make Snakemake retrain the arm."""
+        smoke = series.smoke_arm(self.experiment)
+        arm = arm_of(key)
+        if smoke is None or arm is None or arm == smoke or self.skip_smoke:
+            return []
+        return [ancient(artifact("train").path(arm_key(version_of(key), smoke)))]
 
     def guard_retraining(self, dag: Any) -> None:
         """`onstart:` the jobs Snakemake is about to run, whatever made it schedule them (-R, --forcerun, rerun
@@ -547,14 +601,14 @@ class Graph:
             self.leases.release_all()
 
     def _retrain_refused(self, plan: Plan) -> bool:
-        immutable = plan.version != MUTABLE_VERSION
+        immutable = not is_mutable(plan.version)
         return immutable and not self.allow_retrain and StoredRecords(plan, self.inventory).complete("train")
 
     def stage_model_inputs(self, wildcards: Any) -> dict[str, Any]:
         plan = self.checked(wildcards.version)
         inputs: dict[str, Any] = {"marker": self.marker("stage_model")(wildcards)}
         if plan.uses_base_model:
-            inputs["base_model"] = artifact("base_model").path(wildcards.version)
+            inputs["base_model"] = artifact("base_model").path(plan.key_of("base_model"))
         return inputs
 
     def hand_env_to_jobs(self, workflow: Any) -> None:

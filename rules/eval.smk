@@ -6,7 +6,7 @@ rule eval:
         launch=ARTIFACT["launch"].path(),
         record=ARTIFACT["launch"].record(),
         model=ARTIFACT["export"].path(),
-        data=ARTIFACT["stage_data"].path(),
+        data=GRAPH.stage("stage_data"),
     output:
         results=report(ARTIFACT["eval"].path(), category="Eval", caption="../report/eval.rst"),
         table=report("eval/v{version}/results.html", category="Eval", caption="../report/eval.rst"),

@@ -6,8 +6,8 @@ rule export:
         launch=ARTIFACT["launch"].path(),
         record=ARTIFACT["launch"].record(),
         terminal=ARTIFACT["train"].path(),
-        model_record=ARTIFACT["stage_model"].record(),
-        data_record=ARTIFACT["stage_data"].record(),
+        model_record=GRAPH.stage("stage_model", record=True),
+        data_record=GRAPH.stage("stage_data", record=True),
     output:
         artifact=directory(ARTIFACT["export"].path()),
         record=ARTIFACT["export"].record(),

@@ -3,8 +3,8 @@ rule resolve_launch:
     preflight check has passed to get here), with the plan a reviewer reads."""
     input:
         GRAPH.marker("launch"),
-        model=ARTIFACT["stage_model"].path(),
-        data=ARTIFACT["stage_data"].path(),
+        model=GRAPH.stage("stage_model"),
+        data=GRAPH.stage("stage_data"),
     output:
         launch=ARTIFACT["launch"].path(),
         plan=report("launch/v{version}/plan.txt", category="Plan", caption="../report/plan.rst"),

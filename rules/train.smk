@@ -8,8 +8,8 @@ rule train:
         GRAPH.train_inputs,
         launch=ARTIFACT["launch"].path(),
         record=ARTIFACT["launch"].record(),
-        model=ARTIFACT["stage_model"].path(),
-        data=ARTIFACT["stage_data"].path(),
+        model=GRAPH.stage("stage_model"),
+        data=GRAPH.stage("stage_data"),
     output:
         terminal=ARTIFACT["train"].path(),
         record=ARTIFACT["train"].record(),

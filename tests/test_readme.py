@@ -24,7 +24,7 @@ RUN_HERE = {
     "snakemake --unlock": "Unlocked working directory",
     "rlbuild check": "rlbuild plan: tiny-addition @ 2026.09.21 (immutable)",
     "rlbuild --version": "rlbuild 0.",
-    "rlbuild --help": "{check,status,submit,cancel}",
+    "rlbuild --help": "{check,status,compare,submit,cancel}",
     "rlbuild check config/experiments/tiny-addition.yaml --version 2026.09.21": "rlbuild plan: tiny-addition",
     "rlbuild check config/experiments/tiny-addition.yaml --json": '"ok": true',
     "rlbuild check config/experiments/tiny-addition.yaml --profile iris": "nodes run      set up from uv.lock",
@@ -35,6 +35,8 @@ RUN_HERE = {
     "rlbuild status": "verdict: 7 of 7 artifacts not built",
     "rlbuild status --json": '"stage_model": {',
     "rlbuild status export/v2026.09.21": "  export       missing",
+    "rlbuild status --experiment tiny-series": "verdict: 28 of 28 artifacts not built",  # 4 arms x 7 kinds
+    "rlbuild check --json": '"ok": true',
 }
 COVERED_ELSEWHERE = {
     "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
@@ -58,6 +60,12 @@ COVERED_ELSEWHERE = {
     "snakemake --cores 2 --config experiment=tiny-reversal": (
         "tests/trainer/test_learning.py::test_the_shipped_experiment_learns_its_held_out_prompts[reversal] (its "
         "recipe, seed and split, held-out accuracy >= 0.7)"
+    ),
+    "snakemake --cores 2 --config experiment=tiny-series": (
+        "tests/e2e/test_series.py (the shipped series on a budget: every arm, the smoke first, the report)"
+    ),
+    "rlbuild compare tiny-series --version 2026.09.21": (
+        "tests/e2e/test_series.py::test_the_series_report_shows_every_arm (rlbuild compare from storage)"
     ),
     "make iris-local": "tests/iris/test_iris_local.py runs its script from a fresh copy of the code",
     "rlbuild submit export/v2026.09.21": "tests/iris/test_coordinator.py (the default graph, detached, to the end)",

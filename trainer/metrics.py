@@ -17,14 +17,21 @@ import sys
 import time
 from typing import Any
 
+import psutil
+
+from rlbuild.contracts.artifacts import version_of
 from rlbuild.contracts.launch import LaunchDocument
-from rlbuild.contracts.metricstream import ZERO_REWARD_STEPS, MetricsStream
+from rlbuild.contracts.metricstream import ELAPSED, ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.contracts.progress import Progress
 from rlbuild.core.redact import redact_text
 from trainer.errors import TrainerError
 from trainer.sampling import Step
 from trainer.workers import grpo
 from trainer.workers.batch import UpdateBatch
+
+# When this process started, by the OS's clock (interpreter start-up and imports count): `perf/elapsed_s` is what a run
+# of this geometry costs from its first second, which the plan's training cost is estimated from.
+PROCESS_STARTED = psutil.Process().create_time()
 
 # What the progress line shows, and how it labels it.
 PROGRESS = (
@@ -94,6 +101,9 @@ def step_metrics(
         "perf/rollout_time_s": clock.laps["rollout"],
         "perf/train_time_s": clock.laps["train"],
         "perf/sync_time_s": clock.laps["sync"],
+        # Since this process started (Ray, model load, evals and checkpoints included): with the step time, what
+        # the plan's cost of a run of this geometry is estimated from (rlbuild/plan/planview.py, Cost).
+        ELAPSED: time.time() - PROCESS_STARTED,
     }
 
 
@@ -123,7 +133,10 @@ class MetricsWriter:
     def for_launch(cls, launch: LaunchDocument, kept_until: int) -> MetricsWriter:
         """Lines of earlier attempts up to step `kept_until` are kept (a resume); -1 starts afresh."""
         t = launch.recipe.trainer
-        run = open_wandb(t.project_name, launch.run.id, launch.recipe.model_dump()) if t.logger == "wandb" else None
+        # The arms of one series (and every configuration of a version) are one W&B group; each is a run of its own.
+        group = f"{launch.run.name}-{version_of(launch.run.version)}"
+        config = launch.recipe.model_dump()
+        run = open_wandb(t.project_name, launch.run.id, group, config) if t.logger == "wandb" else None
         stream = MetricsStream(launch.artifacts.metrics_segments_root, kept_until)
         # What `rlbuild status` reads: the attempt's last step and when it ended.
         progress = Progress(launch.artifacts.attempts_root, t.max_steps)
@@ -200,7 +213,7 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def open_wandb(project: str, run_id: str, config: dict[str, Any]) -> Any:
+def open_wandb(project: str, run_id: str, group: str, config: dict[str, Any]) -> Any:
     try:
         import wandb
     except ImportError as exc:
@@ -218,7 +231,7 @@ def open_wandb(project: str, run_id: str, config: dict[str, Any]) -> Any:
         if not writable:
             raise TrainerError(f"WANDB_DIR={root} is not a writable directory; point WANDB_DIR at one or unset it")
     try:
-        return wandb.init(project=project, name=run_id, id=run_id, resume="allow", config=config)
+        return wandb.init(project=project, name=run_id, id=run_id, group=group, resume="allow", config=config)
     except wandb.Error as exc:
         lines = str(exc).strip().splitlines()
         reason = redact_text(lines[0]) if lines else type(exc).__name__

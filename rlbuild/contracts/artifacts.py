@@ -22,6 +22,9 @@ METRICS_NAME = (
     "metrics.jsonl"  # the train artifact's merged metrics, beside terminal.json (rlbuild/contracts/metricstream.py)
 )
 MUTABLE_VERSION = "dev"
+# An arm of a series builds under the version key `<version>@<arm>` (`export/v2026.09.21@kl-low/`); an experiment
+# without arms keeps the plain version. '@' is neither a version's nor an arm name's character.
+ARM_SEPARATOR = "@"
 # The export's model (weights, config, tokenizer, generation config, card) sits in this folder of the export's
 # version folder; its manifest and Snakemake's marker sit beside it, so the model folder is exactly the model.
 EXPORT_MODEL = "model"
@@ -85,6 +88,25 @@ def artifact(kind: str) -> Artifact:
     return BY_KIND[kind]
 
 
+def version_of(key: str) -> str:
+    """The version of a version key (`2026.09.21@kl-low` -> `2026.09.21`)."""
+    return key.split(ARM_SEPARATOR, 1)[0]
+
+
+def arm_of(key: str) -> str | None:
+    """The arm of a version key (`2026.09.21@kl-low` -> `kl-low`; a plain version has none)."""
+    return key.split(ARM_SEPARATOR, 1)[1] if ARM_SEPARATOR in key else None
+
+
+def arm_key(version: str, arm: str | None) -> str:
+    return version if arm is None else f"{version}{ARM_SEPARATOR}{arm}"
+
+
+def is_mutable(key: str) -> bool:
+    """`dev` (and every arm of it) is rebuilt when its configuration changes; a calendar version is fixed."""
+    return version_of(key) == MUTABLE_VERSION
+
+
 def kind_of_target(target: str) -> str | None:
     """The artifact kind a target path (`export/v2026.09.21`, `stage/model/vdev/config.json`) belongs to."""
     for a in sorted(ARTIFACTS, key=lambda a: -len(a.folder)):
@@ -106,7 +128,7 @@ class TemporaryPaths:
     @property
     def root(self) -> str:
         base = f"tmp/ttl={self.ttl_days}d/{artifact('train').version_folder(self.version)}"
-        return f"{base}/{self.fingerprint}" if self.version == MUTABLE_VERSION else base
+        return f"{base}/{self.fingerprint}" if is_mutable(self.version) else base
 
     @property
     def checkpoints(self) -> str:

@@ -28,9 +28,12 @@ class LaunchDocumentError(RlbuildError):
 
 
 class Run(StrictModel):
-    id: str = Field(description="`<experiment>-<version>`: names the run in logs and W&B")
+    id: str = Field(
+        description="`<experiment>-<version key>-<launch fingerprint[:8]>`: names the run in logs and W&B, one per "
+        "configuration"
+    )
     name: str = Field(description="the experiment's name")
-    version: str = Field(description="YYYY.MM.DD[.N] (immutable) or dev")
+    version: str = Field(description="YYYY.MM.DD[.N] (immutable) or dev; `<version>@<arm>` for an arm of a series")
     seed: int = Field(ge=0, description="the experiment's seed")
     fingerprint: str = Field(description="the launch artifact's fingerprint")
 

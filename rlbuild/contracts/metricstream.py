@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rlbuild.core import storage, streams
@@ -29,6 +31,9 @@ from rlbuild.core import storage, streams
 ZERO_REWARD_STEPS = "health/zero_reward_steps"
 # Seconds a whole step took; the Slurm plan sizes its chain from an earlier link's.
 STEP_TIME = "perf/step_time_s"
+# Seconds since the trainer process started, at a step's end: with the step time, what a run of the same geometry
+# is expected to cost (the plan's training cost, `rlbuild status`'s GPU-hours used).
+ELAPSED = "perf/elapsed_s"
 ATTEMPT = re.compile(r"^attempt-(\d{6})$")
 START = "start.json"
 Record = dict[str, Any]
@@ -136,3 +141,48 @@ class MetricsStream:
 
 def write_run_metrics(metrics_uri: str, records: list[Record]) -> None:
     storage.write_text(metrics_uri, "".join(json.dumps(r) + "\n" for r in records))
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A run's start-up (process start to its first step's start) and seconds per step, evals and checkpoints
+    averaged in."""
+
+    startup_s: float
+    per_step_s: float
+
+
+def measured_rate(records: Sequence[Mapping[str, Any]]) -> Rate | None:
+    """The rate of a run's last attempt (a resume restarts the clock) from its step lines; None without any."""
+    lines = [r for r in records if _number(r.get(ELAPSED)) and _number(r.get(STEP_TIME))]
+    lines.sort(key=lambda r: r["step"])
+    attempt: list[Mapping[str, Any]] = []
+    for line in lines:
+        if attempt and line[ELAPSED] < attempt[-1][ELAPSED]:
+            attempt = []  # the clock restarted: a later attempt resumed here
+        attempt.append(line)
+    if not attempt:
+        return None
+    first, last = attempt[0], attempt[-1]
+    if last["step"] > first["step"]:
+        per_step = (last[ELAPSED] - first[ELAPSED]) / (last["step"] - first["step"])
+    else:
+        per_step = statistics.median(float(r[STEP_TIME]) for r in attempt)
+    return Rate(startup_s=max(float(first[ELAPSED]) - float(first[STEP_TIME]), 0.0), per_step_s=per_step)
+
+
+def used_gpu_hours(records: Sequence[Mapping[str, Any]], gpus: int) -> float | None:
+    """GPU-hours a run has used so far: every attempt's elapsed time at its last line, times its GPUs."""
+    lines = sorted((r for r in records if _number(r.get(ELAPSED))), key=lambda r: r["step"])
+    if not lines:
+        return None
+    seconds, previous = 0.0, 0.0
+    for line in lines:
+        if line[ELAPSED] < previous:
+            seconds += previous  # an attempt ended here; the next one's clock starts again
+        previous = float(line[ELAPSED])
+    return gpus * (seconds + previous) / 3600
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0

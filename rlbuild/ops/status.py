@@ -52,13 +52,13 @@ from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import (
     ARTIFACTS,
     KINDS,
-    MUTABLE_VERSION,
     CorruptDocumentError,
     artifact,
+    is_mutable,
     kind_of_target,
 )
 from rlbuild.contracts.launch import LaunchDocument
-from rlbuild.contracts.metricstream import attempt_starts, read_run_metrics
+from rlbuild.contracts.metricstream import attempt_starts, parse_lines, read_run_metrics, used_gpu_hours
 from rlbuild.contracts.progress import HEARTBEAT_S, read_progress
 from rlbuild.core import storage, streams
 from rlbuild.core.errors import RlbuildError
@@ -68,6 +68,7 @@ from rlbuild.job.attempt import log_uri
 from rlbuild.job.rendezvous import Rendezvous
 from rlbuild.ops.coordinator import following
 from rlbuild.ops.lease import STALE_S, describe, held_leases, holder_is_gone
+from rlbuild.plan import series
 from rlbuild.plan.identity import record_drift
 from rlbuild.plan.resolve import Plan, resolve
 from rlbuild.plan.spec import Experiment
@@ -102,7 +103,7 @@ def gather(
     leases = held_leases(root)
     inventory = Inventory(root)  # one listing per folder answers every version's records
     found: Entry = {}
-    for version in versions:
+    for version in series.expand(experiment, versions):  # a series' version: each of its arms
         try:
             plan = resolve(experiment, version, storage_root)
         except RlbuildError as error:
@@ -201,23 +202,26 @@ def version_status(
     for a in ARTIFACTS:
         if a.kind not in plan.records or (kinds is not None and a.kind not in kinds):
             continue
-        entry: Entry = {"uri": plan.uri(a.path(plan.version))}
+        key = plan.key_of(a.kind)  # a series' arm may use a shared stage of the plain version or another arm
+        entry: Entry = {"uri": plan.uri(a.path(key))}
         record = read(a.kind)
         if a.kind in corrupt:
             entry |= {"state": "corrupt", "verdict": f"corrupt: {corrupt[a.kind]}"}
         elif record is not None:
-            changed = a.kind in drifts or (plan.version == MUTABLE_VERSION and a.kind in stale)
+            changed = a.kind in drifts or (is_mutable(plan.version) and a.kind in stale)
             entry |= {"state": "stale" if changed else "done", "built_at": record.get("created_at")}
             if a.kind in drifts:
                 entry["changed"] = sorted(drifts[a.kind])
             elif not changed and (why := outdated_by(plan, a.kind, record, entries, read)):
                 entry |= {"state": "stale", "stale_because": why}
         else:
-            entry |= lease_state(leases.get(f"{a.kind}/v{plan.version}"), now, opts, a.record(plan.version))
-            if entry["state"] == "leased" and (waits := unbuilt_input(plan.version, a.kind, entries)):
+            entry |= lease_state(leases.get(f"{a.kind}/v{key}"), now, opts, a.record(key))
+            if entry["state"] == "leased" and (waits := unbuilt_input(plan, a.kind, entries)):
                 entry["verdict"] = f"leased: a live run holds it; its job waits for {waits[0]} ({waits[1]})"
         if a.kind == "train" and entry["state"] not in ("done", "corrupt"):
             entry |= train_ladder(plan.launch, entry, opts, now)
+        if a.kind == "train" and entry["state"] == "done":
+            entry["gpu_hours"] = gpu_hours_used(plan, stored)
         entries[a.kind] = entry
     return entries
 
@@ -227,14 +231,14 @@ def outdated_by(
 ) -> str | None:
     """Why Snakemake would rebuild an artifact whose own record is current: something it is built from is not
     done, names another identity than the one its record was built from, or was made after it."""
-    unbuilt = unbuilt_input(plan.version, kind, entries)
+    unbuilt = unbuilt_input(plan, kind, entries)
     if unbuilt:
         return f"built from {unbuilt[0]}, which is {unbuilt[1]} now"
     built = _moment(record.get("created_at"))
     for upstream in BUILT_FROM.get(kind, ()):
         if upstream not in entries:
             continue
-        folder = artifact(upstream).version_folder(plan.version)
+        folder = artifact(upstream).version_folder(plan.key_of(upstream))
         found = read(upstream) or {}
         used = (record.get("deps") or {}).get(upstream)
         if used and found.get("identity") and used != found["identity"]:
@@ -271,12 +275,25 @@ def _trainer_state(checkpoint_uri: str) -> Entry | None:
         return None
 
 
-def unbuilt_input(version: str, kind: str, entries: Entry) -> tuple[str, str] | None:
+def unbuilt_input(plan: Plan, kind: str, entries: Entry) -> tuple[str, str] | None:
     """The first artifact `kind` is built from that is not done: (its version folder, its state), or None."""
     for upstream in BUILT_FROM.get(kind, ()):
         if upstream in entries and entries[upstream]["state"] != "done":
-            return artifact(upstream).version_folder(version), entries[upstream]["state"]
+            return artifact(upstream).version_folder(plan.key_of(upstream)), entries[upstream]["state"]
     return None
+
+
+def gpu_hours_used(plan: Plan, stored: StoredRecords) -> float | None:
+    """GPU-hours a finished training used, every attempt counted, from the trainer's own clock (`perf/elapsed_s`
+    in its merged metrics, read through the inventory as their verification read them)."""
+    text = stored.inventory.read_text(plan.launch.artifacts.metrics_uri)
+    return None if text is None else _gpu_hours(parse_lines(text)[0], plan.launch)
+
+
+def _gpu_hours(records: list[Entry], launch: LaunchDocument) -> float | None:
+    allocation = launch.iris.allocation
+    used = used_gpu_hours(records, allocation.num_nodes * allocation.gpus_per_node)
+    return None if used is None else round(used, 6)
 
 
 def _moment(text: Any) -> datetime | None:
@@ -366,6 +383,7 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
         "trainer_starts": len(starts),
         "resumed_from": starts[-1] if starts and starts[-1] >= 0 else None,
         "last_checkpoint": checkpoint,
+        "gpu_hours": _gpu_hours(records, launch),  # so far, every attempt counted
         **pace(records, max_steps, last_step if last_step is not None else -1, progress, starts),
         "gang": gang_state(launch.ray.rendezvous_dir, launch.iris.allocation.num_nodes, opts, now),
     }

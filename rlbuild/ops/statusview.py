@@ -30,6 +30,9 @@ def format_status(document: dict[str, Any]) -> str:
             lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry.get('stale_because') or entry['uri']}")
             if entry.get("changed"):
                 lines.append(f"    configuration changed: {', '.join(entry['changed'])}")
+            used = entry.get("gpu_hours", (entry.get("ladder") or {}).get("gpu_hours"))
+            if kind == "train" and used is not None:
+                lines.append(f"    GPU-hours  {used:.4g} used")
             if entry.get("holder_text"):
                 lines.append(f"    held by {entry['holder_text']}")
             if "ladder" in entry and entry["state"] in ("running", "failed"):

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rlbuild.contracts import runtime
-from rlbuild.contracts.artifacts import MUTABLE_VERSION, canonical_json
+from rlbuild.contracts.artifacts import canonical_json, is_mutable
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 
 DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's
@@ -101,7 +101,7 @@ def check_drift(
     a dependency. For `dev` every difference means a rebuild. `expected` is in build order.
     """
     stale, drifts = record_drift(expected, read_record)
-    if drifts and version != MUTABLE_VERSION:
+    if drifts and not is_mutable(version):
         raise IdentityDriftError(version, drifts)
     return sorted(stale)
 
@@ -139,7 +139,7 @@ def check_training_runtime(
 
     Only called for a training that is not complete. Raises RuntimeDriftError naming both runtimes and the way out.
     """
-    if version == MUTABLE_VERSION:
+    if is_mutable(version):
         return  # a dev launch and its checkpoints follow the fingerprint, which carries the digest
     resolved_runtime = (launch_record or {}).get("fields", {}).get("runtime", {})
     if launch_record is not None and resolved_runtime.get("image") != image:

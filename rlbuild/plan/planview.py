@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbuild.contracts.artifacts import ARTIFACTS, MUTABLE_VERSION
+from rlbuild.contracts.artifacts import ARTIFACTS, is_mutable
 from rlbuild.contracts.layout import pack
+from rlbuild.contracts.metricstream import Rate
 from rlbuild.contracts.runtime import REPO_ROOT
 from rlbuild.core.redact import redact
 from rlbuild.core.wire import numeric_env
@@ -18,9 +19,57 @@ from rlbuild.plan.resolve import Plan
 from rlbuild.plan.roleplan import shape_of_plan
 from rlbuild.plan.slurm import expected_links, format_shared_disk, shared_disk
 
+UNKNOWN_FIX = (
+    "run the series' smoke arm (smoke: true) or an earlier version of this geometry, or declare execution.step_time_s"
+)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a training will cost before its GPUs are allocated: GPUs held, expected wall time, GPU-hours. The rate
+    comes from an earlier run of the same geometry (its own, or the series' smoke), else a declared step time."""
+
+    gpus: int
+    steps: int
+    rate: Rate | None
+    source: str  # where the rate comes from ("" when unknown)
+
+    @property
+    def wall_s(self) -> float | None:
+        return None if self.rate is None else self.rate.startup_s + self.steps * self.rate.per_step_s
+
+    @property
+    def gpu_hours(self) -> float | None:
+        wall = self.wall_s
+        return None if wall is None else self.gpus * wall / 3600
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "steps": self.steps,
+            "startup_s": None if self.rate is None else round(self.rate.startup_s, 3),
+            "step_time_s": None if self.rate is None else round(self.rate.per_step_s, 4),
+            "wall_s": None if self.wall_s is None else round(self.wall_s, 1),
+            "gpu_hours": None if self.gpu_hours is None else round(self.gpu_hours, 6),
+            "source": self.source or None,
+        }
+
+    def line(self) -> str:
+        if self.rate is None or self.wall_s is None or self.gpu_hours is None:
+            return f"{self.gpus} GPU(s) x unknown time: no step time measured or declared ({UNKNOWN_FIX})"
+        return (
+            f"{self.gpus} GPU(s) x {clock(self.wall_s)} = {self.gpu_hours:.4g} GPU-h ({self.rate.startup_s:.0f} s "
+            f"start-up + {self.steps} steps x {self.rate.per_step_s:.3g} s, {self.source})"
+        )
+
+
+def clock(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
 
 def artifact_uris(plan: Plan) -> dict[str, str]:
-    return {a.kind: plan.uri(a.path(plan.version)) for a in ARTIFACTS if a.kind in plan.records}
+    return {a.kind: plan.uri(a.path(plan.key_of(a.kind))) for a in ARTIFACTS if a.kind in plan.records}
 
 
 def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] | None:
@@ -40,14 +89,16 @@ def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] |
     }
 
 
-def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> dict[str, Any]:
+def plan_dict(
+    plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None, cost: Cost | None = None
+) -> dict[str, Any]:
     e, g, launch = plan.experiment, plan.geometry, plan.launch
     rp = e.role_plan
     return redact(
         {
             "experiment": e.name,
             "version": plan.version,
-            "mutable": plan.version == MUTABLE_VERSION,
+            "mutable": is_mutable(plan.version),
             "runtime": launch.runtime.model_dump(),
             "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": plan.nodes.vllm},
             "nodes": {**asdict(plan.nodes), "description": plan.nodes.describe()},
@@ -60,6 +111,7 @@ def plan_dict(plan: Plan, terminal_stage: str = "export", measured_step_time: fl
                 "max_retries": launch.iris.max_retries,
             },
             "slurm": slurm_dict(plan, measured_step_time),
+            "cost": None if cost is None else cost.as_dict(),
             "env": {
                 "placement": {k: v for k, v in launch.env.items() if k not in numeric_env(launch.env)},
                 "numerics": numeric_env(launch.env),
@@ -155,8 +207,10 @@ def format_env(env: dict[str, dict[str, str]]) -> list[str]:
     return [f"  job env        {placement or '-'} (placement); {numerics or '-'} (numerics: in the launch identity)"]
 
 
-def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None) -> str:
-    d = plan_dict(plan, terminal_stage, measured_step_time)
+def format_plan(
+    plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None, cost: Cost | None = None
+) -> str:
+    d = plan_dict(plan, terminal_stage, measured_step_time, cost)
     geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
     mode = "mutable: rebuilds when inputs change" if d["mutable"] else "immutable"
     roles = (
@@ -185,6 +239,7 @@ def format_plan(plan: Plan, terminal_stage: str = "export", measured_step_time: 
         f"({geo['optimizer_steps_per_global_step']} optimizer step(s)/step); micro "
         f"{bat['micro_train_batch_size_per_gpu']}/GPU ({geo['micro_batches_per_optimizer_step']} micro-batches); "
         f"{bat['max_steps']} steps",
+        *([f"  training cost  {cost.line()}"] if cost is not None else []),
         "  artifacts",
     ]
     for a in ARTIFACTS:

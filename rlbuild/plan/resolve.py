@@ -3,7 +3,8 @@ artifact, and the launch document. Pure and fast: it runs for every version Snak
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,18 @@ from rlbuild.contracts.sources import parse_source
 from rlbuild.core.errors import PreflightError
 from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
-from rlbuild.plan import environments
+from rlbuild.plan import environments, series
 from rlbuild.plan.identity import derived_record, make_record
 from rlbuild.plan.noderuntime import NodeRuntime, node_runtime
 from rlbuild.plan.preflight import check_experiment, load_experiment
 from rlbuild.plan.roleplan import Geometry, geometry
-from rlbuild.plan.spec import Experiment, check_version
+from rlbuild.plan.spec import Experiment
 from rlbuild.stages.staging import local_content_digest
 
 BASE_MODEL_SOURCE = "artifact:base_model"
+# The tiny base model stands for a pretrained one: its revision names its weights, whatever seed the RL run (or an
+# arm of a series) uses, so a seed sweep trains one model. Built with this seed (the default experiment's).
+BASE_MODEL_SEED = 42
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,12 @@ class Plan:
     records: dict[str, dict[str, Any]]
     launch: LaunchDocument
     nodes: NodeRuntime  # what the job's nodes run (this .venv, uv.lock + extra, or an image)
+    # The version key each shared stage is built under (an arm's stages may be an earlier arm's; plan/series.py).
+    stage_keys: Mapping[str, str] = field(default_factory=dict)
+
+    def key_of(self, kind: str) -> str:
+        """The version key under which `kind`'s artifact of this plan lives."""
+        return self.stage_keys.get(kind, self.version)
 
     @property
     def temporary(self) -> TemporaryPaths:
@@ -78,14 +88,20 @@ def local_contents(sources: dict[str, tuple[str, str]]) -> dict[str, dict[str, s
     return {"content": digests} if digests else {}
 
 
-def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: str) -> dict[str, dict[str, Any]]:
-    """Every artifact's identity record, in build order; each names the identities it depends on."""
+def build_records(
+    experiment: Experiment, version: str, recipe: Recipe, digest: str, stage_keys: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Every artifact's identity record, in build order; each names the identities it depends on. `stage_keys`:
+    the version key each shared stage is built under (default: `version`)."""
     name = experiment.name
+    stage = {kind: (stage_keys or {}).get(kind, version) for kind in series.SHARED_STAGES}
     records: dict[str, dict[str, Any]] = {}
     model_deps: dict[str, str] = {}
     if BASE_MODEL_SOURCE in (experiment.model.source, experiment.model.tokenizer.source):
-        fields = {"revision": experiment.model.revision, "seed": experiment.seed, "runtime_source_digest": digest}
-        records["base_model"] = make_record(experiment=name, kind="base_model", version=version, fields=fields)
+        fields = {"revision": experiment.model.revision, "seed": BASE_MODEL_SEED, "runtime_source_digest": digest}
+        records["base_model"] = make_record(
+            experiment=name, kind="base_model", version=stage["base_model"], fields=fields
+        )
         model_deps["base_model"] = records["base_model"]["identity"]
     model = experiment.model
     model_content = local_contents(
@@ -94,7 +110,7 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
     records["stage_model"] = make_record(
         experiment=name,
         kind="stage_model",
-        version=version,
+        version=stage["stage_model"],
         fields={"model": model.model_dump(), "deps": model_deps, **model_content},
         deps=model_deps,
     )
@@ -108,7 +124,7 @@ def build_records(experiment: Experiment, version: str, recipe: Recipe, digest: 
     records["stage_data"] = make_record(
         experiment=name,
         kind="stage_data",
-        version=version,
+        version=stage["stage_data"],
         fields={
             "data": experiment.data.model_dump(),
             **local_contents(data),
@@ -178,12 +194,13 @@ def build_launch(
 ) -> LaunchDocument:
     """The launch document of a resolved version (rlbuild/contracts/launch.py says what each section means)."""
     temporary = temporary_paths(experiment, version, records["train"]["fingerprint"])
-    data_root = join(root, artifact("stage_data").version_folder(version))
+    data_root = join(root, artifact("stage_data").version_folder(records["stage_data"]["version"]))
     data_identity = records["stage_data"]["identity"]
     return LaunchDocument(
         schema_version=SCHEMA_VERSION,
         run=Run(
-            id=f"{experiment.name}-{version}",
+            # One W&B run per configuration: a `dev` version trains many, and an arm is a run of its own.
+            id=f"{experiment.name}-{version.replace('@', '-')}-{records['launch']['fingerprint'][:8]}",
             name=experiment.name,
             version=version,
             seed=experiment.seed,
@@ -209,7 +226,8 @@ def build_launch(
         ),
         inputs=Inputs(
             model=Input(
-                uri=join(root, artifact("stage_model").path(version)), identity=records["stage_model"]["identity"]
+                uri=join(root, artifact("stage_model").path(records["stage_model"]["version"])),
+                identity=records["stage_model"]["identity"],
             ),
             train_data=[
                 Input(uri=f"{data_root}/train/{i}.jsonl", identity=data_identity)
@@ -228,15 +246,19 @@ def build_launch(
 def resolve(
     experiment: Experiment, version: str, storage_root: str, source: str = "experiment", *, shares_venv: bool = True
 ) -> Plan:
-    """Resolve one version of an experiment; raise PreflightError with every violation found. `shares_venv`: the
-    jobs run this checkout's .venv (rlbuild/plan/noderuntime.py)."""
+    """Resolve one version key of an experiment (a version, or `<version>@<arm>` of a series); raise
+    PreflightError with every violation found. `shares_venv`: the jobs run this checkout's .venv
+    (rlbuild/plan/noderuntime.py)."""
+    series_experiment = experiment
+    experiment = series.experiment_of(series_experiment, version)
     recipe, violations = check_experiment(experiment, shares_venv=shares_venv)
-    violations = check_version(version) + violations
+    violations = series.key_problems(series_experiment, version) + violations
     if violations or recipe is None:
         raise PreflightError(source, violations)
     digest = runtime.source_digest()
     root = join(storage_root, experiment.name)
-    records = build_records(experiment, version, recipe, digest)
+    stage_keys = series.stage_keys(series_experiment, version)
+    records = build_records(experiment, version, recipe, digest, stage_keys)
     return Plan(
         experiment=experiment,
         version=version,
@@ -246,6 +268,7 @@ def resolve(
         records=records,
         launch=build_launch(experiment, version, root, recipe, records, digest),
         nodes=node_runtime(experiment, shares_venv=shares_venv),
+        stage_keys=stage_keys,
     )
 
 

@@ -46,6 +46,12 @@ MAX_SAMPLES_PER_PROMPT = 4096
 MAX_SEED = 2**32 - 1
 MAX_NAME_LENGTH = 63  # the experiment's folder, S3 keys and scheduler job names carry it
 MAX_SOURCE_LENGTH = 1024  # an S3 key's limit
+# An arm's name is the tail of its version key (`2026.09.21@kl-low`): a path segment without '.' or '@'.
+ARM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+MAX_ARMS = 64
+MAX_ARM_NAME_LENGTH = 40
+# What an arm may not overlay: the series' name is every arm's, and arms do not nest.
+NOT_OVERLAID = ("name", "arms")
 
 
 # An OCI reference pinned by content: `registry/name@sha256:<64 hex>` (a tag may stand before the digest).
@@ -284,6 +290,13 @@ class Execution(StrictModel):
     export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
     eval: JobSize = Field(default_factory=JobSize, description="the eval job's CPUs and memory")
     publish: Publish | None = Field(None, description="upload each version's export to the Hub (off when absent)")
+    step_time_s: float | None = Field(
+        None,
+        gt=0,
+        le=86_400,
+        description="seconds a training step takes, for the plan's cost where no earlier run of this geometry "
+        "measured one",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         max_length=MAX_ENV_VARIABLES,
@@ -318,8 +331,35 @@ class Experiment(StrictModel):
     retention: Retention
     recipe: dict[str, Any] = Field(default_factory=dict)
     execution: Execution = Field(default_factory=Execution)
+    arms: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        max_length=MAX_ARMS,
+        description="a series: arm name -> overlay of this experiment (deep-merged), each built as a whole experiment "
+        "under the version key <version>@<arm> (rlbuild/plan/series.py)",
+    )
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, protected_namespaces=())
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        problems = []
+        for name, overlay in value.items():
+            if len(name) > MAX_ARM_NAME_LENGTH or not ARM_NAME.fullmatch(name):
+                problems.append(
+                    f"arm {name!r} is not an arm name: use lower-case letters, digits, '_' and '-' (at most "
+                    f"{MAX_ARM_NAME_LENGTH}); it ends the arm's version key, e.g. 2026.09.21@{_slug(name)}"
+                )
+            problems += [
+                f"arm {name!r} sets {key!r}, which every arm shares; remove it"
+                for key in NOT_OVERLAID
+                if key in overlay
+            ]
+            if "smoke" in overlay and not isinstance(overlay["smoke"], bool):
+                problems.append(f"arm {name!r}: smoke is {overlay['smoke']!r}; write smoke: true or leave it out")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
     @field_validator("name")
     @classmethod
@@ -388,6 +428,10 @@ def check_version(version: str) -> list[Violation]:
     except ValueError as exc:
         return [Violation("version", f"{version!r} is not a date ({exc})", fix)]
     return []
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-") or "arm-1"
 
 
 def _short(value: str, limit: int = 40) -> str:

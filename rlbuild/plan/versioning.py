@@ -21,22 +21,26 @@ from typing import Any
 
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import (
-    MUTABLE_VERSION,
+    METRICS_NAME,
     CorruptDocumentError,
+    arm_key,
     artifact,
     check_document,
+    is_mutable,
     parse_record,
+    version_of,
 )
-from rlbuild.contracts.metricstream import read_run_metrics
+from rlbuild.contracts.metricstream import Rate, measured_rate, parse_lines, read_run_metrics
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.storage import join
-from rlbuild.plan import slurm
+from rlbuild.plan import series, slurm
 from rlbuild.plan.identity import DERIVED_KINDS, check_drift, check_training_runtime, record_drift
 from rlbuild.plan.modelcheck import check_model
+from rlbuild.plan.planview import Cost
 from rlbuild.plan.preflight import check_experiment, load_experiment
 from rlbuild.plan.resolve import Plan, resolve
-from rlbuild.plan.spec import Experiment, NodeLimits, check_node_sizes, check_version
+from rlbuild.plan.spec import Experiment, NodeLimits, check_node_sizes
 
 
 class StoredRecords:
@@ -49,7 +53,7 @@ class StoredRecords:
         self.read = cache(self._read)
 
     def uri(self, kind: str) -> str:
-        return self.plan.uri(artifact(kind).record(self.plan.version))
+        return self.plan.uri(artifact(kind).record(self.plan.key_of(kind)))
 
     def _read(self, kind: str) -> dict[str, Any] | None:
         """The stored record of `kind`, its seal verified (CorruptDocumentError otherwise)."""
@@ -58,7 +62,7 @@ class StoredRecords:
         return None if text is None else parse_record(text, self.uri(kind))
 
     def document_uri(self, kind: str, name: str) -> str:
-        return self.plan.uri(artifact(kind).file(self.plan.version, name))
+        return self.plan.uri(artifact(kind).file(self.plan.key_of(kind), name))
 
     def verify_documents(self, kind: str) -> None:
         """The control documents the stored record of `kind` describes match its digests (CorruptDocumentError
@@ -91,7 +95,7 @@ class StoredRecords:
 def rebuild_reasons(plan: Plan, read_record: Callable[[str], Mapping[str, Any] | None]) -> list[str]:
     """Why the stored artifacts of a `dev` version are rebuilt, by field: Snakemake's own reason names only the
     fingerprint marker it misses. A kind built from the launch document whose fields changed with it says so."""
-    if plan.version != MUTABLE_VERSION:
+    if not is_mutable(plan.version):
         return []  # a fixed version refuses changed configuration (check_drift) and keeps working after code edits
     stale, drifts = record_drift(plan.records, read_record)
     lines: list[str] = []
@@ -118,7 +122,7 @@ def experiment_problems(
 ) -> list[Violation]:
     """Every version-independent check; `ask_slurm`: also the partition, asked of Slurm (sinfo) where it answers;
     `shares_venv`: the jobs run this checkout's .venv (rlbuild/plan/noderuntime.py)."""
-    problems = check_experiment(experiment, shares_venv=shares_venv)[1]
+    problems = check_experiment(experiment, shares_venv=shares_venv)[1] + series.series_problems(experiment)
     return problems + _placement_problems(experiment, node_limits, ask_slurm=ask_slurm)
 
 
@@ -141,21 +145,26 @@ def check_all(
     node_limits: NodeLimits,
     *,
     shares_venv: bool = True,
-) -> tuple[dict[str, Plan], list[Violation]]:
-    """What `rlbuild check` runs: every check the dry run makes, the partition included; (plans, violations).
-    Each version's `checked_plan` makes the experiment's own checks (resolving runs check_experiment); one
-    inventory of the experiment root answers them all."""
-    problems = _placement_problems(experiment, node_limits, ask_slurm=True)
+) -> tuple[dict[str, Plan], list[Violation], dict[str, Cost]]:
+    """What `rlbuild check` runs: every check the dry run makes, the partition included; (plans, violations, each
+    plan's training cost). Each version's `checked_plan` makes the experiment's own checks (resolving runs
+    check_experiment); one inventory of the experiment root answers them all. A version of a series is each of
+    its arms; a problem of any arm is reported for all arms at once (each named `arms.<arm>.<field>`)."""
+    problems = _placement_problems(experiment, node_limits, ask_slurm=True) + series.series_problems(experiment)
     plans: dict[str, Plan] = {}
+    costs: dict[str, Cost] = {}
+    if any(p.field.startswith("arms") for p in problems):
+        return plans, problems, costs
     inventory = Inventory(join(storage_root, experiment.name))
-    for version in versions:
+    for key in series.expand(experiment, versions):
         try:
-            plans[version] = checked_plan(
-                experiment, version, storage_root, source, inventory=inventory, shares_venv=shares_venv
+            plans[key] = checked_plan(
+                experiment, key, storage_root, source, inventory=inventory, shares_venv=shares_venv
             )
+            costs[key] = plan_cost(experiment, plans[key], inventory)
         except RlbuildError as exc:
             problems += exc.as_violations()
-    return plans, problems
+    return plans, problems, costs
 
 
 def measured_step_time(experiment: Experiment, plan: Plan) -> float | None:
@@ -184,7 +193,7 @@ def checked_plan(
     later link reads the earlier links' metrics, and the submitter has checked); `shares_venv`: the jobs run this
     checkout's .venv (rlbuild/plan/noderuntime.py). `inventory`: what storage holds under the experiment root,
     shared by the versions of one run (else listed for this version)."""
-    problems = check_version(version)
+    problems = series.key_problems(experiment, version)
     if problems:
         raise PreflightError(source, problems)
     plan = resolve(experiment, version, storage_root, source=source, shares_venv=shares_venv)
@@ -196,7 +205,7 @@ def checked_plan(
         state = checkpoints.latest_state(ckpts) if stored.inventory.may_exist(ckpts) else None
         runtime = plan.launch.runtime
         check_training_runtime(version, runtime.source_digest, stored.read("launch"), state, runtime.image)
-    staged_model = artifact("stage_model").path(version)
+    staged_model = artifact("stage_model").path(plan.key_of("stage_model"))
     text = stored.inventory.read_text(plan.uri(f"{staged_model}/config.json"))
     model_config = None if text is None else json.loads(text)
     problems = check_model(model_config or {}, experiment, plan.recipe)
@@ -209,6 +218,29 @@ def checked_plan(
         if problems:
             raise PreflightError(f"{source} (step time measured in an earlier run)", problems)
     return plan
+
+
+def plan_cost(experiment: Experiment, plan: Plan, inventory: Inventory) -> Cost:
+    """The training's cost (`planview.Cost`), from the first source that knows the rate: this version key's
+    own earlier run, the series' smoke for the same version, a declared step time. Metrics are read through the
+    inventory: a run that wrote none costs no request."""
+    t = plan.experiment.topology
+    gpus, steps = t.num_nodes * t.gpus_per_node, plan.recipe.trainer.max_steps
+    smoke = series.smoke_arm(experiment)
+    keys = dict.fromkeys([plan.version, *([arm_key(version_of(plan.version), smoke)] if smoke else [])])
+    uris = {key: plan.uri(artifact("train").file(key, METRICS_NAME)) for key in keys}
+    texts = inventory.read_texts(list(uris.values()))
+    for key, uri in uris.items():
+        text = texts[uri]
+        rate = measured_rate(parse_lines(text)[0]) if text is not None else None
+        if rate is not None:
+            return Cost(gpus, steps, rate, f"measured by train/v{key}")
+    execution = plan.experiment.execution
+    slurm_declared = execution.slurm.step_time_s if execution.slurm else None
+    for declared, name in ((execution.step_time_s, "execution.step_time_s"), (slurm_declared, "execution.slurm")):
+        if declared is not None:
+            return Cost(gpus, steps, Rate(0.0, declared), f"declared in {name}, start-up not counted")
+    return Cost(gpus, steps, None, "")
 
 
 def check_file(path: Path, version: str, storage_root: str) -> Plan:

@@ -31,10 +31,10 @@ def test_version_prints_the_package_version() -> None:
 
 def test_help_lists_the_commands_people_run_and_not_the_rules_subcommands() -> None:
     text = rlbuild("--help").stdout
-    assert "{check,status,submit,cancel}" in text and "Exit codes: 0 done, 2 bad input" in text
+    assert "{check,status,compare,submit,cancel}" in text and "Exit codes: 0 done, 2 bad input" in text
     listed = text.split("positional arguments:")[1].split("options:")[0]
     commands = [line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line[4] != " "]
-    assert commands == ["check", "status", "submit", "cancel"]
+    assert commands == ["check", "compare", "status", "submit", "cancel"]
     assert rlbuild("export", "--help").returncode == 0  # still callable by the rules
 
 
@@ -60,7 +60,7 @@ def test_every_rule_explains_itself_and_the_lint_finds_only_the_documented_exemp
     listed = run_snakemake(["--list-rules", *config], cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr[-2000:]
     rules = [line for line in listed.stdout.splitlines() if line and not line.startswith(" ")]
-    assert len(rules) == 10 and all(" (" in line for line in rules), rules  # `name (docstring)` for every rule
+    assert len(rules) == 11 and all(" (" in line for line in rules), rules  # `name (docstring)` for every rule
     lint = run_snakemake(["--lint", *config], cwd=tmp_path)
     findings = {line.strip() for line in (lint.stdout + lint.stderr).splitlines() if line.strip().startswith("* ")}
     # docs/design.md: the software of every rule is the one locked uv environment, not a per-rule conda env.

@@ -329,7 +329,8 @@ def test_built_from_is_what_the_rules_take_as_inputs() -> None:
     found: dict[str, tuple[str, ...]] = {}
     for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", rules, re.S | re.M):
         inputs = body.split("input:", 1)[1].split("output:", 1)[0] if "input:" in body else ""
-        kinds = tuple(dict.fromkeys(re.findall(r'ARTIFACT\["(\w+)"\]', inputs)))
+        # A shared stage is an input function's (GRAPH.stage: a series' arm may use another key's).
+        kinds = tuple(dict.fromkeys(re.findall(r'(?:ARTIFACT\[|GRAPH\.stage\()"(\w+)"', inputs)))
         if name in kind_of_rule and kinds:
             found[kind_of_rule[name]] = kinds
     found["stage_model"] = ("base_model",)

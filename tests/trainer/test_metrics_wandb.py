@@ -33,7 +33,7 @@ def offline_wandb(tmp_path, monkeypatch):
 
 def test_wandb_offline_run_lands_under_wandb_dir_with_the_logged_history(offline_wandb):
     metrics_file = offline_wandb / "metrics.jsonl"
-    run = open_wandb("rlbuild-test", "tiny-wandb-v1", {"trainer": {"lr": 3e-4}})
+    run = open_wandb("rlbuild-test", "tiny-wandb-v1", "tiny-wandb-v1", {"trainer": {"lr": 3e-4}})
     writer = MetricsWriter(MetricsStream(str(offline_wandb / "segments"), -1), len(STEPS), wandb_run=run)
     try:
         for step, values in STEPS.items():
@@ -69,4 +69,4 @@ def test_unwritable_wandb_dir_fails_with_one_line_naming_it(tmp_path, monkeypatc
     blocker.write_text("")
     monkeypatch.setenv("WANDB_DIR", str(blocker))
     with pytest.raises(TrainerError, match=r"^WANDB_DIR=\S+ is not a writable directory; point WANDB_DIR at one"):
-        open_wandb("rlbuild-test", "tiny-wandb-v1", {})
+        open_wandb("rlbuild-test", "tiny-wandb-v1", "tiny-wandb-v1", {})

@@ -1,0 +1,189 @@
+"""A series of the embedded default built for real in one `snakemake --cores 2` call: four arms (base, a KL change,
+a seed change, a smoke) and a fifth identical to base; staged once, the smoke first, every arm exported and
+evaluated, one comparison report; then what a team does next (a dry run with each arm's cost, status, a new arm,
+an edited arm). One run, many assertions; arms of a few steps each."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import EXPERIMENTS, REPO
+from tests.e2e.test_pipeline import VERSION, Pipeline, ran
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SHIPPED = yaml.safe_load((EXPERIMENTS / "tiny-series.yaml").read_text())
+# The shipped series on a budget: the smoke 2 steps, the others 4, and a fifth arm identical to base (no job).
+ARMS: dict[str, Any] = copy.deepcopy(SHIPPED["arms"]) | {"base-again": {}}
+ARMS["smoke"]["recipe"]["trainer"] |= {"max_steps": 2, "eval_interval": 2}
+BUILT = ("smoke", "base", "kl-low", "seed-7")
+
+
+def series_experiment(folder: Path, arms: dict[str, Any]) -> Path:
+    doc = copy.deepcopy(SHIPPED)
+    doc["recipe"]["trainer"].update({"max_steps": 4, "ckpt_interval": 2, "eval_interval": 2})
+    doc["arms"] = arms
+    path = folder / "tiny-series.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def key(arm: str) -> str:
+    return f"{VERSION}@{arm}"
+
+
+def rlbuild(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlbuild", *argv], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def train_order(log: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Where in Snakemake's log each arm's train job started and finished (line numbers)."""
+    lines = log.splitlines()
+    started: dict[str, int] = {}
+    jobs: dict[str, str] = {}
+    for i, line in enumerate(lines):
+        if line.strip() in ("rule train:", "localrule train:"):
+            block = lines[i : i + 15]
+            jobid = next(b.split(":")[1].strip() for b in block if b.strip().startswith("jobid:"))
+            arm = next(b.split("@")[1].strip() for b in block if b.strip().startswith("wildcards: version="))
+            started[arm], jobs[jobid] = i, arm
+    finished = {
+        jobs[m[1]]: i for i, line in enumerate(lines) if (m := re.match(r"Finished jobid: (\d+) \(Rule: train\)", line))
+    }
+    return started, finished
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline, str]:
+    folder = tmp_path_factory.mktemp("series")
+    pipe = Pipeline(folder, series_experiment(folder, ARMS))
+    plan = pipe.run("-n")
+    assert ran(plan) == {
+        "base_model": 1,  # staged once for every arm
+        "stage_model": 1,
+        "stage_data": 1,
+        "resolve_launch": 4,  # base-again adds no job
+        "train": 4,
+        "export": 4,
+        "eval": 4,
+        "compare": 1,
+        "all": 1,
+    }
+    text = plan.stdout + plan.stderr
+    assert "the same build, no job of its own: base-again = base" in text
+    assert "kl-low: changes recipe.trainer.algorithm.kl_loss_coef None -> 0.001" in text
+    # Without the smoke's gate a single arm's training is one train job; with it, the smoke's comes first.
+    gated = ran(pipe.run("-n", targets=(f"train/v{key('base')}/terminal.json",)))
+    free = ran(pipe.run("-n", targets=(f"train/v{key('base')}/terminal.json",), config=("skip_smoke=true",)))
+    assert gated["train"] == 2 and free["train"] == 1
+    result = pipe.run(timeout=900)
+    counts = ran(result)
+    assert counts["train"] == 4 and counts["stage_data"] == 1 and counts["compare"] == 1
+    return pipe, result.stderr  # Snakemake's log, in order
+
+
+def test_the_smoke_trains_first_and_every_arm_is_exported_and_evaluated(built: tuple[Pipeline, str]) -> None:
+    pipe, log = built
+    started, finished = train_order(log)
+    assert set(started) == set(BUILT)
+    assert all(finished["smoke"] < started[arm] for arm in BUILT if arm != "smoke"), (started, finished)
+    root = pipe.root
+    for arm in BUILT:
+        results = json.loads((root / "eval" / f"v{key(arm)}" / "results.json").read_text())
+        assert 0.0 <= results["accuracy"] <= 1.0
+        assert (root / "export" / f"v{key(arm)}" / "model" / "model.safetensors").is_file()
+        launch = yaml.safe_load((root / "launch" / f"v{key(arm)}" / "launch.yaml").read_text())
+        assert launch["inputs"]["model"]["uri"] == str(root / "stage" / "model" / f"v{VERSION}")
+    assert not list(root.glob("*/v*@base-again*")) and not list(root.glob("stage/*/v*@*"))
+    seeds = {arm: json.loads((root / "eval" / f"v{key(arm)}" / "results.json").read_text())["seed"] for arm in BUILT}
+    assert seeds["seed-7"] == 7 and seeds["base"] == 42
+    ids = {yaml.safe_load((root / "launch" / f"v{key(a)}" / "launch.yaml").read_text())["run"]["id"] for a in BUILT}
+    assert len(ids) == len(BUILT)  # one W&B run per arm
+
+
+def test_the_series_report_shows_every_arm(built: tuple[Pipeline, str]) -> None:
+    pipe, _ = built
+    folder = pipe.root / "series" / f"v{VERSION}"
+    report = json.loads((folder / "compare.json").read_text())
+    assert list(report["arms"]) == list(BUILT) and report["base"] == "base"
+    assert report["aliases"] == {"base-again": "base"}
+    kl = report["arms"]["kl-low"]
+    assert kl["changes"] == {"recipe.trainer.algorithm.kl_loss_coef": [None, 0.001]}
+    assert kl["delta_vs_base"]["accuracy"] == pytest.approx(
+        kl["scores"]["accuracy"] - report["arms"]["base"]["scores"]["accuracy"]
+    )
+    assert report["arms"]["smoke"]["steps"] == 2 and report["arms"]["base"]["steps"] == 4
+    assert all(arm["gpu_hours"] > 0 and arm["wall_s"] > 0 for arm in report["arms"].values())
+    page = (folder / "compare.html").read_text()
+    assert all(f"<td>{arm}" in page for arm in BUILT) and "data:image/png;base64," in page
+    assert (folder / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # `rlbuild compare` makes the same report from storage.
+    out = pipe.folder / "compare-from-storage"
+    made = rlbuild(
+        "compare", str(pipe.experiment), "--version", VERSION, "--storage-root", str(pipe.storage), "--out", str(out)
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert json.loads((out / "compare.json").read_text()) == report
+
+
+def test_the_dry_run_of_the_built_series_costs_each_arm_from_its_measured_run(built: tuple[Pipeline, str]) -> None:
+    pipe, _ = built
+    dry = pipe.run("-n")
+    assert ran(dry) == {}
+    for arm in BUILT:
+        assert f"measured by train/v{key(arm)})" in dry.stderr, dry.stderr[-3000:]
+    check = rlbuild("check", str(pipe.experiment), "--storage-root", str(pipe.storage), "--json")
+    assert check.returncode == 0, check.stderr[-2000:]
+    plans = json.loads(check.stdout)["plans"]
+    assert list(plans) == [key(arm) for arm in BUILT]
+    for arm in BUILT:
+        cost = plans[key(arm)]["cost"]
+        metrics = pipe.root / "train" / f"v{key(arm)}" / "metrics.jsonl"
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        took = max(line["perf/elapsed_s"] for line in lines if "perf/elapsed_s" in line)
+        assert cost["gpus"] == 1 and cost["gpu_hours"] == pytest.approx(took / 3600, rel=0.25), (arm, cost, took)
+    status = rlbuild("status", "--experiment", str(pipe.experiment), "--storage-root", str(pipe.storage), "--json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    versions = json.loads(status.stdout)["versions"]
+    assert list(versions) == [key(arm) for arm in BUILT]
+    assert all(versions[key(arm)]["train"]["state"] == "done" for arm in BUILT)
+    assert all(versions[key(arm)]["train"]["gpu_hours"] > 0 for arm in BUILT)
+    assert versions[key("base")]["stage_data"]["uri"].endswith(f"stage/data/v{VERSION}")
+
+
+def test_a_new_arm_builds_alone_and_an_edited_arm_is_refused(built: tuple[Pipeline, str]) -> None:
+    pipe, _ = built
+    grown = copy.deepcopy(ARMS) | {"lr-high": {"recipe": {"trainer": {"policy": {"optimizer_config": {"lr": 2e-3}}}}}}
+    series_experiment(pipe.folder, grown)
+    counts = ran(pipe.run("-n"))
+    assert counts == {"resolve_launch": 1, "train": 1, "export": 1, "eval": 1, "compare": 1, "all": 1}
+    edited = copy.deepcopy(ARMS)
+    edited["kl-low"]["recipe"]["trainer"]["algorithm"]["kl_loss_coef"] = 0.002
+    series_experiment(pipe.folder, edited)
+    refused = pipe.run("-n")
+    assert refused.returncode != 0
+    assert "kl_loss_coef" in refused.stderr and key("kl-low") in refused.stderr
+    assert "Nothing to be done" not in refused.stdout
+    series_experiment(pipe.folder, ARMS)
+
+
+def test_a_smoke_that_changes_the_layout_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    arms = {"base": {}, "smoke": {"smoke": True, "topology": {"num_nodes": 2}, "role_plan": {"policy_num_nodes": 2}}}
+    pipe = Pipeline(tmp_path, series_experiment(tmp_path, arms))
+    refused = pipe.run()
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert (
+        "arms.smoke.topology.num_nodes" in refused.stderr and "arms.smoke.role_plan.policy_num_nodes" in refused.stderr
+    )
+    assert not pipe.storage.exists() or not any(pipe.storage.rglob("*.identity.json"))
