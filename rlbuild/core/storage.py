@@ -410,7 +410,11 @@ def remove(uri: str) -> None:
 
 @_reported
 def list_names(uri: str) -> list[str]:
-    """Names of the entries directly under `uri` (empty when it does not exist)."""
+    """Names of the entries directly under `uri` (empty when it does not exist). On S3 one delimiter listing on
+    the shared boto3 client: s3fs's first use (imports, its own client) cost `rlbuild status`, which lists the
+    coordinators this way, half a second for one request."""
+    if is_s3(uri):
+        return sorted(list_children(uri))
     fs, path = filesystem(uri)
     try:
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False, **_whole_call(uri)))
