@@ -3,9 +3,10 @@
 A dry run, `rlbuild status` and `rlbuild check` ask of every version whether its records, outputs, checkpoints
 and leases exist, and read the records. Asked object by object that is O(files x versions) round trips (4 s a
 version on S3, issue 21); here it is one paginated listing per top-level folder of the root (`stage/`, `train/`,
-...), listed when first asked about, and every existence, size and mtime question is answered from it. `tmp/`
-(checkpoints, attempts and metrics segments: many objects a run) is never listed whole: a question about it
-walks its first levels with one delimiter listing per folder, shared by every version.
+...), all listed at once (concurrently) when the first is asked about, and every existence, size and mtime
+question is answered from them. `tmp/` (checkpoints, attempts and metrics segments: many objects a run) is never
+listed whole: a question about it walks its first levels with one delimiter listing per folder, shared by every
+version.
 
 Reads of what a listing shows are made concurrently (`storage.read_many`), and on S3 remembered on this machine
 by the object's ETag (`cache_dir()`): a later run reads an unchanged record from there, the same bytes, and
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from rlbuild.core import storage
@@ -42,6 +44,9 @@ class Inventory:
     def __init__(self, root: str) -> None:
         self.root = root.rstrip("/")
         self._folders: dict[str, dict[str, StoredObject]] = {}
+        self._listed_all = False  # every top-level folder listed (the first `folder` call lists them at once)
+        self._listing = threading.Lock()  # held while they are listed: one listing of each, whoever asks first
+        self._ahead: Future[None] | None = None  # the background listing `list_ahead` started
         self._children: dict[str, set[str]] = {}
         self._texts: dict[str, str | None] = {}
         self._lock = threading.Lock()
@@ -52,12 +57,49 @@ class Inventory:
             return None
         return [p for p in uri[len(self.root) + 1 :].split("/") if p]
 
+    def list_ahead(self) -> None:
+        """Start listing every top-level folder in the background (`folder` waits for it when first asked): a dry
+        run parses its rules meanwhile, and the listing's round trips cost it no wall time. A daemon thread: a
+        command that never asks does not wait for storage at exit."""
+        with self._lock:
+            if self._ahead is not None or self._listed_all:
+                return
+            self._ahead = ahead = Future()
+
+        def run() -> None:
+            try:
+                self._list_all()
+            except BaseException as error:  # handed to whoever asks first
+                ahead.set_exception(error)
+            else:
+                ahead.set_result(None)
+
+        threading.Thread(target=run, name="rlbuild-inventory", daemon=True).start()
+
     def folder(self, name: str) -> dict[str, StoredObject]:
-        """Every object under the top-level folder `name`, listed once."""
+        """Every object under the top-level folder `name`, listed once. The first call lists every top-level
+        folder the root holds, concurrently (a dry run, status and check ask about each of them: one round trip
+        instead of one per folder); a name the root does not hold is empty without a request."""
+        if self._ahead is not None:
+            self._ahead.result()  # a failed listing fails the question, as it would have unprefetched
+        self._list_all()
+        held = self.children(self.root)
         with self._lock:
             if name not in self._folders:
-                self._folders[name] = storage.list_tree(storage.join(self.root, name))
+                self._folders[name] = storage.list_tree(storage.join(self.root, name)) if name in held else {}
             return self._folders[name]
+
+    def _list_all(self) -> None:
+        with self._listing:
+            if self._listed_all:
+                return
+            names = sorted(self.children(self.root) - DEEP_FOLDERS)
+            with ThreadPoolExecutor(max_workers=max(1, min(len(names), storage.READ_WORKERS))) as pool:
+                uris = [storage.join(self.root, n) for n in names]
+                listed = dict(zip(names, pool.map(storage.list_tree, uris), strict=True))
+            with self._lock:
+                self._folders.update(listed)
+                self._listed_all = True
 
     def children(self, uri: str) -> set[str]:
         """Names directly under the folder `uri`, listed once."""
@@ -67,9 +109,12 @@ class Inventory:
             return self._children[uri]
 
     def top_folder(self, uri: str) -> str | None:
-        """The top-level folder of the root that holds `uri` and is listed whole; None for any other URI."""
-        parts = self._parts(uri)
-        return storage.join(self.root, parts[0]) if parts and parts[0] not in DEEP_FOLDERS else None
+        """The top-level folder of the root that holds `uri` and is listed whole; None for any other URI. (Asked
+        of every object Snakemake looks at in a dry run: the first part only, not the whole path split.)"""
+        if not uri.startswith(f"{self.root}/"):
+            return None
+        name = uri[len(self.root) + 1 :].lstrip("/").split("/", 1)[0]
+        return f"{self.root}/{name}" if name and name not in DEEP_FOLDERS else None
 
     def listed(self, uri: str) -> bool:
         """Whether the listings answer for `uri` (it lies under the root, in a folder that is listed whole)."""

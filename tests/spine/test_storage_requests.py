@@ -64,3 +64,35 @@ def test_the_inventory_answers_from_its_listings_and_sees_what_changed_after_the
     assert inventory.read_text(f"{root}/launch/v2.identity.json") is None  # the listing's answer, until asked
     assert inventory.changed(f"{root}/launch/v2.identity.json")
     assert not inventory.changed(f"{root}/launch/v1.identity.json")
+
+
+def test_the_inventory_lists_every_folder_at_once_and_asks_nothing_of_folders_the_root_lacks(
+    s3_server: S3Server, s3_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = f"{s3_root}/exp"
+    storage.write_text(f"{root}/launch/v1.identity.json", "{}")
+    storage.write_text(f"{root}/train/v1/terminal.json", "{}")
+    with latency_proxy(s3_server.endpoint, 0.0) as proxy:
+        monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", proxy.endpoint)
+        inventory = Inventory(root)
+        inventory.list_ahead()  # the root's names, then each folder it holds
+        assert inventory.get(f"{root}/train/v1/terminal.json") is not None
+        assert inventory.get(f"{root}/launch/v1.identity.json") is not None
+        assert inventory.get(f"{root}/export/v1/manifest.json") is None  # no export/ under the root: no request
+        assert proxy.reset() == 3
+        # s3fs is not needed to name what a folder holds (status lists the coordinators so): one request.
+        assert storage.list_names(root) == ["launch", "train"]
+        assert storage.list_names(f"{root}/train/v1") == ["terminal.json"]
+        assert storage.list_names(f"{root}/nothing") == []
+        assert proxy.reset() == 3
+
+
+def test_a_failed_listing_ahead_fails_the_first_question(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(uri: str) -> set[str]:
+        raise storage.StorageUnavailableError(f"storage did not answer list_children({uri})")
+
+    monkeypatch.setattr(storage, "list_children", unreachable)
+    inventory = Inventory(str(tmp_path))
+    inventory.list_ahead()
+    with pytest.raises(storage.StorageUnavailableError, match="did not answer"):
+        inventory.get(f"{tmp_path}/launch/v1.identity.json")
