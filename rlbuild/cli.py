@@ -111,11 +111,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     versions = [args.version] if args.version is not None else config.versions
     plans: dict[str, Plan] = {}
     costs: dict[str, Cost] = {}
+    experiment: Experiment | None = None
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
         shares_venv = profile_shares_venv(REPO, args.profile) if args.profile else True
+        experiment = load_experiment(path)
         plans, errors, costs = check_all(
-            load_experiment(path), versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
+            experiment, versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
         )
     except RlbuildError as exc:
         errors = exc.as_violations()
@@ -126,7 +128,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         dicts = {v: plan_dict(p, cost=costs.get(v)) for v, p in plans.items()}
         print(json.dumps(found | {"plans": dicts}, indent=2))
     else:
-        print("\n\n".join(format_plan(p, cost=costs.get(v)) for v, p in plans.items()))
+        from rlbuild.plan.series import plan_lines
+
+        texts = [format_plan(p, cost=costs.get(v)) for v, p in plans.items()]
+        if experiment is not None:  # a series: what each arm changes, which stages it shares
+            texts = ["\n".join([text, *plan_lines(experiment, v)]) for text, v in zip(texts, plans, strict=True)]
+        print("\n\n".join(texts))
     return EXIT_INVALID if errors else 0
 
 
