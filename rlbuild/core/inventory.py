@@ -27,6 +27,9 @@ from rlbuild.core import storage
 from rlbuild.core.storage import StoredObject
 
 DEEP_FOLDERS = frozenset({"tmp"})  # folders walked level by level, never listed whole
+# Snakemake's own bookkeeping (locally its working directory is the experiment root): no question of rlbuild's is
+# about it, and it grows with every run, so the first question does not list it with the others.
+NOT_LISTED_AHEAD = frozenset({".snakemake"})
 DEEP_LEVELS = 4  # tmp/ttl=<N>d/train/v<version>: the levels every version shares
 
 
@@ -93,7 +96,7 @@ class Inventory:
         with self._listing:
             if self._listed_all:
                 return
-            names = sorted(self.children(self.root) - DEEP_FOLDERS)
+            names = sorted(self.children(self.root) - DEEP_FOLDERS - NOT_LISTED_AHEAD)
             with ThreadPoolExecutor(max_workers=max(1, min(len(names), storage.READ_WORKERS))) as pool:
                 uris = [storage.join(self.root, n) for n in names]
                 listed = dict(zip(names, pool.map(storage.list_tree, uris), strict=True))

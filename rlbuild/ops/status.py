@@ -100,8 +100,9 @@ def gather(
     now = time.time()
     storage_root = unscoped(storage_root, experiment.name)
     root = storage.join(storage_root, experiment.name)
-    leases = held_leases(root)
     inventory = Inventory(root)  # one listing per folder answers every version's records
+    inventory.list_ahead()  # while the leases are listed
+    leases = held_leases(root)
     found: Entry = {}
     for version in series.expand(experiment, versions):  # a series' version: each of its arms
         try:
