@@ -33,7 +33,8 @@ def offline_wandb(tmp_path, monkeypatch):
 
 def test_wandb_offline_run_lands_under_wandb_dir_with_the_logged_history(offline_wandb):
     metrics_file = offline_wandb / "metrics.jsonl"
-    run = open_wandb("rlbuild-test", "tiny-wandb-v1", "tiny-wandb-v1", {"trainer": {"lr": 3e-4}})
+    run = open_wandb("rlbuild-test", "tiny-wandb-v1", "tiny-wandb", {"trainer": {"lr": 3e-4}})
+    assert run.group == "tiny-wandb"  # the runs of one series share it (trainer/metrics.py)
     writer = MetricsWriter(MetricsStream(str(offline_wandb / "segments"), -1), len(STEPS), wandb_run=run)
     try:
         for step, values in STEPS.items():
