@@ -159,7 +159,7 @@ def plain_in_series(experiment: Experiment, key: str, kind: str) -> Violation | 
     return Violation(
         "version",
         f"{experiment.name} is a series (arms: in its file): {kind} of {key} belongs to an arm",
-        f"name one of {keys} (e.g. export/v{series_keys(experiment, key)[0]}), or run snakemake with no target",
+        f"name one of {keys} (e.g. {kind}/v{arm_key(key, base_arm(experiment))}), or run snakemake with no target",
     )
 
 
