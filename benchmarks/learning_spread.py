@@ -81,7 +81,8 @@ def _perturbed_base(seed: int, scale: float) -> Path:
 def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any], steps: int | None) -> dict[str, Any]:
     """One training run in this process; returns its summary."""
     from rlbuild.contracts.launch import load_launch
-    from rlbuild.dev.launches import deep_merge, write_test_launch
+    from rlbuild.dev.launches import write_test_launch
+    from rlbuild.plan.series import deep_merge
     from trainer import loop
     from trainer.commands import evaluate
 

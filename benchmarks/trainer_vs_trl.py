@@ -43,8 +43,9 @@ from rlbuild.contracts.launch import LaunchDocument, load_launch  # noqa: E402
 from rlbuild.contracts.metricstream import parse_lines  # noqa: E402
 from rlbuild.contracts.recipe import Recipe  # noqa: E402
 from rlbuild.core.storage import read_text  # noqa: E402
-from rlbuild.dev.launches import base_model_dir, deep_merge, write_test_launch  # noqa: E402
+from rlbuild.dev.launches import base_model_dir, write_test_launch  # noqa: E402
 from rlbuild.plan.resolve import resolve_file  # noqa: E402
+from rlbuild.plan.series import deep_merge  # noqa: E402
 from trainer import loop, tasks  # noqa: E402
 from trainer.commands.evaluate import evaluate  # noqa: E402
 

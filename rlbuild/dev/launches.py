@@ -10,7 +10,6 @@ Both are cached in the temp folder, keyed by the trainer source that makes them.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from rlbuild.contracts.tinymodel import TINY_MODEL_FILE
 from rlbuild.core import storage
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
+from rlbuild.plan.series import deep_merge
 from rlbuild.stages.staging import stage_data, stage_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,14 +70,6 @@ def base_model_dir(seed: int = 0) -> Path:
     return _cached(
         f"tiny-base-{seed}", sources, lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed))
     )
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(base)
-    for key, value in update.items():
-        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
-        merged[key] = deep_merge(merged[key], value) if nested else copy.deepcopy(value)
-    return merged
 
 
 def experiment_document(

@@ -11,6 +11,7 @@ arms'."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ def arms_of(experiment: Experiment) -> dict[str, Arm]:
     arms: dict[str, Arm] = {}
     for name, overlay in experiment.arms.items():
         smoke = overlay.get("smoke") is True
-        merged = _merge(base, {k: v for k, v in overlay.items() if k != "smoke"})
+        merged = deep_merge(base, {k: v for k, v in overlay.items() if k != "smoke"})
         try:
             arm_experiment: Experiment | None = parse_experiment(merged, f"arm {name}")
             problems = [_named(name, v) for v in check_experiment(arm_experiment)[1]]  # type: ignore[arg-type]
@@ -258,11 +259,14 @@ def _document(experiment: Experiment) -> dict[str, Any]:
     return experiment.model_dump(mode="python", exclude={"arms"})
 
 
-def _merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """`overlay` over `base`, copied: mappings merge key by key, anything else replaces (an arm over its
+    experiment; the tests' and benchmarks' recipe overrides)."""
+    merged = copy.deepcopy(dict(base))
     for key, value in overlay.items():
         below = merged.get(key)
-        merged[key] = _merge(below, value) if isinstance(below, Mapping) and isinstance(value, Mapping) else value
+        nested = isinstance(below, Mapping) and isinstance(value, Mapping)
+        merged[key] = deep_merge(below, value) if nested else copy.deepcopy(value)
     return merged
 
 
