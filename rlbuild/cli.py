@@ -401,7 +401,7 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """The series report of one version: every arm side by side. The rule `compare` names each arm's launch
     document and eval results; a person names the version, and the arms are read from the storage root."""
-    from rlbuild.ops.compare import read_arm, write_report
+    from rlbuild.ops.compare import CompareError, read_arm, write_report
     from rlbuild.plan.series import series_keys
     from rlbuild.workflow import experiment_file, workflow_config
 
@@ -418,6 +418,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         pairs = [
             (storage.join(root, artifact("launch").path(k)), storage.join(root, artifact("eval").path(k))) for k in keys
         ]
+        missing = [k for (_, results), k in zip(pairs, keys, strict=True) if not storage.exists(results)]
+        if missing:
+            raise CompareError(
+                f"{experiment.name}: {', '.join(missing)} not evaluated yet in {root}; build the series first "
+                f"(snakemake --cores 2 --config experiment={args.experiment or config.experiment})"
+            )
         out = Path(args.out or f"series-{experiment.name}-v{version}")
     report = write_report(experiment, [read_arm(*pair) for pair in pairs], out)
     for arm, found in report["arms"].items():
