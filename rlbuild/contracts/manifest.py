@@ -17,12 +17,12 @@ from contextlib import nullcontext
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 
 if TYPE_CHECKING:
+    import fsspec
+
     from rlbuild.contracts.launch import LaunchDocument
 
 MANIFEST = "manifest.json"
@@ -294,7 +294,8 @@ def verify_local(path: Path) -> Path:
     check materialise does, without copying.
     """
     path = Path(path).resolve()
-    root, _ = manifested_root(fsspec.filesystem("file"), str(path))
+    fs, _ = storage.filesystem(str(path))
+    root, _ = manifested_root(fs, str(path))
     verify_manifest(Path(root))
     return Path(root)
 

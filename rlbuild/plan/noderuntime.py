@@ -16,8 +16,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal
 
-from packaging.markers import Marker
-
 from rlbuild.contracts.launch import CPU_VARIANT
 from rlbuild.contracts.runtime import LOCK_FILE, REPO_ROOT
 from rlbuild.plan.spec import Experiment
@@ -81,6 +79,8 @@ def locked_vllm(extra: str, lock: Path = REPO_ROOT / LOCK_FILE) -> str | None:
 
 @cache
 def _locked_vllm(lock: Path, _mtime: int, extra: str) -> str | None:
+    from packaging.markers import Marker  # here: only a run whose nodes set up the lock pays its import
+
     if not lock.is_file():
         return None
     packages = tomllib.loads(lock.read_text()).get("package", [])
