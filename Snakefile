@@ -17,6 +17,7 @@ from rlbuild.workflow import (
     fail,
     hand_experiment_to_bundles,
     report_where_typed,
+    rule_param,
     workflow_config,
 )
 
@@ -48,10 +49,11 @@ if CONFIG.allow_retrain:
 report_where_typed(workflow)
 GRAPH.hand_env_to_jobs(workflow)
 # The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too. Rules take
-# these as `params` through functions: a path may hold braces, which Snakemake would read as wildcards, and every
-# value reaches the shell quoted (`:q`).
-RLBUILD = [sys.executable, "-m", "rlbuild"]
-ARGS = ["--experiment", str(EXPERIMENT_FILE), "--storage-root", GRAPH.storage_root]
+# these as `params` (`rule_param`: a path holding braces is not read as wildcards), and every value reaches the
+# shell quoted (`:q`).
+RLBUILD = rule_param([sys.executable, "-m", "rlbuild"])
+ARGS = rule_param(["--experiment", str(EXPERIMENT_FILE), "--storage-root", GRAPH.storage_root])
+EXPERIMENT = rule_param(str(EXPERIMENT_FILE))
 
 if not workflow.storage_settings.default_storage_provider:
 

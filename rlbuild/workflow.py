@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from snakemake.common import dict_to_key_value_args
 from snakemake.io import ancient
 from snakemake_interface_executor_plugins.settings import SharedFSUsage
+from snakemake_interface_storage_plugins.io import WILDCARD_REGEX
 
 from rlbuild.contracts import checkpoints
 from rlbuild.contracts.artifacts import ARTIFACTS, arm_key, arm_of, artifact, is_mutable, kind_of_target, version_of
@@ -101,6 +102,17 @@ def workflow_config(config: dict[str, Any], source: str = "--config / config/con
     if problems:
         raise PreflightError(source, problems)
     return parsed
+
+
+def rule_param[P: (str, list[str])](value: P) -> P | Callable[[Any], P]:
+    """A rule param that reaches the command as given. Snakemake formats the strings of a param with the job's
+    wildcards: a value holding `{name}` (a path may) is handed over as a function, whose result it leaves alone;
+    any other value as itself, since Snakemake calls every param function of every job (0.3 ms a call: 0.1 s of a
+    50-version dry run)."""
+    strings = [value] if isinstance(value, str) else value
+    if any(WILDCARD_REGEX.search(s) for s in strings):
+        return lambda wildcards: value
+    return value
 
 
 def fail(error: RlbuildError) -> None:
@@ -195,6 +207,7 @@ class PlannedStateChangedError(RlbuildError):
 
 
 _LISTED: list[Inventory] = []  # the inventory the S3 plugin's patched methods answer from (one experiment a process)
+_PARENT_KEYS: dict[Any, str] = {}  # its root's IOCache key, by the provider's local prefix
 
 
 def answer_from_listings(inventory: Inventory) -> None:
@@ -210,6 +223,7 @@ def answer_from_listings(inventory: Inventory) -> None:
     from snakemake_storage_plugin_s3 import StorageObject
 
     _LISTED[:] = [inventory]
+    _PARENT_KEYS.clear()
     if getattr(StorageObject.inventory, "answers_from_listings", False):
         return
     own_inventory, own_parent = StorageObject.inventory, StorageObject.get_inventory_parent
@@ -219,7 +233,12 @@ def answer_from_listings(inventory: Inventory) -> None:
 
     def get_inventory_parent(self: StorageObject) -> str | None:
         # One parent for every object the listings answer for: the experiment root, all of it listed at once.
-        return own_parent(self) if folder_of(self) is None else self.cache_key(_LISTED[0].root.removeprefix("s3://"))
+        # (Asked several times of every input and output of every job: made once.)
+        if folder_of(self) is None:
+            return own_parent(self)
+        if (parent := _PARENT_KEYS.get(self.provider.local_prefix)) is None:
+            parent = _PARENT_KEYS[self.provider.local_prefix] = self.cache_key(_LISTED[0].root.removeprefix("s3://"))
+        return parent
 
     async def inventory(self: StorageObject, cache: Any) -> None:
         known = getattr(cache.exists_in_storage, "has_inventory", None)
@@ -673,7 +692,11 @@ class Graph:
         """The resources as the executor that runs the job sees them: another scheduler's (`iris_*` under Slurm,
         `slurm_*` locally) are dropped, so a job's resource line lists only what is asked of its scheduler. The
         executor is known only when a job is made (not while the Snakefile is read): each such resource is a
-        function, and Snakemake drops one that answers None. A dry run for a cluster executor shows both."""
+        function, and Snakemake drops one that answers None. A dry run for a cluster executor shows both. Snakemake's
+        own process with no cluster executor (no `--jobs`: Snakemake refuses a cluster executor without) runs the
+        jobs itself: no scheduler reads them, and they are dropped here (350 jobs' functions cost a dry run 0.1 s)."""
+        if self.announce and not self.on_cluster:
+            return {key: value for key, value in resources.items() if _scheduler_of(key) is None}
         return {
             key: _only_under(self, owner, value) if (owner := _scheduler_of(key)) else value
             for key, value in resources.items()

@@ -11,8 +11,8 @@ rule compare:
     log:
         "logs/compare/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
-        experiment=lambda wildcards: str(EXPERIMENT_FILE),
+        rlbuild=RLBUILD,
+        experiment=EXPERIMENT,
         out=lambda wildcards, output: str(Path(output.page).parent),
     shell:
         "{params.rlbuild:q} compare {params.experiment:q} --version {wildcards.version:q} "

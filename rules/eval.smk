@@ -17,7 +17,7 @@ rule eval:
     log:
         "logs/eval/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
+        rlbuild=RLBUILD,
         out=lambda wildcards, output: str(Path(output.results).parent),
     shell:
         "{params.rlbuild:q} eval --launch {input.launch:q} --launch-record {input.record:q} "

@@ -16,7 +16,7 @@ rule export:
     log:
         "logs/export/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
+        rlbuild=RLBUILD,
     shell:
         "{params.rlbuild:q} export --launch {input.launch:q} --launch-record {input.record:q} "
         "--terminal {input.terminal:q} --model-record {input.model_record:q} --data-record {input.data_record:q} "

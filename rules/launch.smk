@@ -12,8 +12,8 @@ rule resolve_launch:
     log:
         "logs/resolve_launch/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
-        args=lambda wildcards: ARGS,
+        rlbuild=RLBUILD,
+        args=ARGS,
     shell:
         "{params.rlbuild:q} resolve-launch {params.args:q} --version {wildcards.version:q} "
         "--model {input.model:q} --data {input.data:q} --out {output.launch:q} --record {output.record:q} "

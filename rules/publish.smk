@@ -11,8 +11,8 @@ rule publish:
     log:
         "logs/publish/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
-        experiment=lambda wildcards: str(EXPERIMENT_FILE),
+        rlbuild=RLBUILD,
+        experiment=EXPERIMENT,
     shell:
         "{params.rlbuild:q} publish --experiment {params.experiment:q} --version {wildcards.version:q} "
         "--model {input.model:q} --results {input.results:q} --out {output:q} 2> {log:q}"

@@ -8,8 +8,8 @@ rule base_model:
     log:
         "logs/base_model/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
-        args=lambda wildcards: ARGS,
+        rlbuild=RLBUILD,
+        args=ARGS,
     shell:
         "{params.rlbuild:q} base-model {params.args:q} --version {wildcards.version:q} --out {output.artifact:q} "
         "--record {output.record:q} 2> {log:q}"
@@ -25,8 +25,8 @@ rule stage_model:
     log:
         "logs/stage_model/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
-        args=lambda wildcards: ARGS,
+        rlbuild=RLBUILD,
+        args=ARGS,
         base_model=lambda wildcards, input: (
             ["--base-model", input.base_model] if "base_model" in input.keys() else []
         ),
@@ -45,8 +45,8 @@ rule stage_data:
     log:
         "logs/stage_data/v{version}.log",
     params:
-        rlbuild=lambda wildcards: RLBUILD,
-        args=lambda wildcards: ARGS,
+        rlbuild=RLBUILD,
+        args=ARGS,
     shell:
         "{params.rlbuild:q} stage-data {params.args:q} --version {wildcards.version:q} --out {output.artifact:q} "
         "--record {output.record:q} 2> {log:q}"

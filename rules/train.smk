@@ -18,7 +18,7 @@ rule train:
     resources:
         **GRAPH.gang_resources(),
     params:
-        rlbuild=lambda wildcards: RLBUILD,
+        rlbuild=RLBUILD,
     shell:
         "{params.rlbuild:q} train --launch {input.launch:q} --launch-record {input.record:q} "
         "--terminal {output.terminal:q} --record {output.record:q} --max-links {resources.chain_max_links} "

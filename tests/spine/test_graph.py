@@ -184,3 +184,16 @@ def test_dev_version_rebuilds_what_changed(tmp_path: Path, s3_server: S3Server) 
     # Snakemake's own reason names a fingerprint marker; the plan names the field.
     assert "  rebuilds       launch: recipe.trainer.max_steps 200 -> 7" in changed.stderr, changed.stderr[-3000:]
     assert "stage_model" not in counts and "stage_data" not in counts
+
+
+def test_a_rule_param_reaches_the_command_as_given_braces_included() -> None:
+    from snakemake.io import apply_wildcards
+
+    from rlbuild.workflow import rule_param
+
+    plain = ["/opt/venv/bin/python", "-m", "rlbuild"]
+    assert rule_param(plain) is plain  # no function for Snakemake to call in each job
+    assert [apply_wildcards(v, {}) for v in plain] == plain  # and Snakemake's formatting leaves it as it is
+    braced = "/home/me/{project}/config/experiments/tiny.yaml"
+    as_given = rule_param(braced)
+    assert callable(as_given) and as_given(object()) == braced  # a function's result is not formatted

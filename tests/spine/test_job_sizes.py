@@ -57,6 +57,23 @@ def test_export_and_eval_ask_for_the_experiments_cpus_and_memory(tmp_path: Path)
     assert graph.job_resources("export")["cpus_per_task"] == 2 and graph.job_resources("export")["mem_mb"] == 4000
 
 
+def test_a_local_run_asks_no_scheduler_and_a_job_inside_slurm_still_sees_its_resources(tmp_path: Path) -> None:
+    """Snakemake's own process with no cluster executor runs every job itself: the resources only a scheduler
+    reads are left out (not functions its 350 jobs call each dry run); a job Snakemake spawns keeps them (the
+    Slurm jobstep executor reads `mpi` inside the job)."""
+    path = _tiny(tmp_path)
+    local = Graph(path, announce=True, on_cluster=False)
+    spawned = Graph(path, announce=False, on_cluster=False)
+    for kind in ("eval", "export"):
+        resources = local.job_resources(kind)
+        assert not any(callable(v) for v in resources.values())
+        assert resources == _seen_by(spawned, "local", spawned.job_resources(kind))
+    gang = local.gang_resources()
+    assert not any(callable(v) for v in gang.values()) and "mpi" not in gang
+    assert gang == _seen_by(spawned, "local", spawned.gang_resources())
+    assert _seen_by(spawned, "slurm-jobstep", spawned.gang_resources())["mpi"] == ""
+
+
 def test_sizes_parse_with_units_and_name_the_field() -> None:
     with pytest.raises(PreflightError) as caught:
         parse_experiment(experiment(execution__export={"cpu": 0, "memory": "lots"}), "exp.yaml")
