@@ -37,3 +37,7 @@ for arg in "$@"; do
   fi
 done
 UV_PYTHON="$PYTHON" .tools/bin/uv sync --frozen --compile-bytecode "$@" "${extra[@]}"
+# The checkout's own packages are installed editable (the sync compiles none of them): compiled here likewise,
+# or every `snakemake` invocation compiles rlbuild again (a tenth of a second of each dry run). A module edited
+# later is recompiled in memory until the next set-up, as Python checks each cache against its source.
+.venv/bin/python -m compileall -q -j 0 rlbuild trainer plugins >/dev/null
