@@ -2,11 +2,14 @@
 same storage, in the same run.
 
 Rows, each the median of a few runs and its ratio to the floor of its storage, and the ratio of the fastest runs
-(a shared machine's noise only adds time, so it is the steadier measure of the work):
+(a shared machine's noise only adds time, so it is the steadier measure of the work). The runs go in rounds, one
+run of every case of a storage a round, the floor's among them: a shared machine's speed drifts over minutes, and
+each ratio then compares runs made side by side, not the floor's minute with another's.
 - local storage: the default experiment's dry run for one version, and a config asking for 50 versions;
 - S3 on loopback (moto), and through a loopback proxy holding every request 20 ms (a real bucket's round trip):
   1 and 50 versions, with nothing built and with every artifact built; the storage requests each run made
-  (counted by the proxy) and per version; `rlbuild status` of the 50 built versions.
+  (counted by the proxy) and per version; `rlbuild status` of the 50 built versions; and the 50 empty versions
+  with `-q`, which leaves out Snakemake's listing of every job (what that listing costs is the difference).
 
 "Built" is the state a completed build leaves where the graph looks (rlbuild/dev/built.py: every identity record
 as the jobs write it, every output); the built dry run must find nothing to do. Record contents are remembered
@@ -52,18 +55,23 @@ class Timed:
     requests: int  # storage requests of one run (the last), 0 where nothing counts them
 
 
-def wall(command: list[str], cwd: Path, repeats: int, env: dict[str, str], proxy: LatencyProxy | None) -> Timed:
-    times, counted = [], 0
+def rounds(
+    cases: dict[str, list[str]], cwd: Path, repeats: int, env: dict[str, str], proxy: LatencyProxy | None
+) -> dict[str, Timed]:
+    """Each command `repeats` times, one run of every command a round (see the module's docstring)."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    counted: dict[str, int] = dict.fromkeys(cases, 0)
     for _ in range(repeats):
-        if proxy is not None:
-            proxy.reset()
-        start = time.perf_counter()
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
-        times.append(time.perf_counter() - start)
-        counted = proxy.reset() if proxy is not None else 0
-        if result.returncode:
-            raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-    return Timed(statistics.median(times), min(times), counted)
+        for name, command in cases.items():
+            if proxy is not None:
+                proxy.reset()
+            start = time.perf_counter()
+            result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+            times[name].append(time.perf_counter() - start)
+            counted[name] = proxy.reset() if proxy is not None else 0
+            if result.returncode:
+                raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    return {name: Timed(statistics.median(t), min(t), counted[name]) for name, t in times.items()}
 
 
 @contextmanager
@@ -80,21 +88,26 @@ def s3_env(server: S3Server, endpoint: str) -> Iterator[dict[str, str]]:
 
 
 def local_rows(work: Path, repeats: int, count: int) -> list[tuple[str, Timed, Timed, int]]:
-    empty = work / "Empty.smk"
     config = work / "fifty.yaml"
     many = FIFTY[:count]
     config.write_text(yaml.safe_dump({"versions": many, "storage_root": str(work / "results")}))
-    env = dict(os.environ)
-    floor = wall([*SNAKEMAKE, "-n", "--snakefile", str(empty)], work, repeats, env, None)
     snakefile = [*SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile")]
-    one = wall(
-        [*snakefile, "export/v2026.09.21", "--config", f"storage_root={work / 'results'}"], work, repeats, env, None
+    timed = rounds(
+        {
+            "floor": [*SNAKEMAKE, "-n", "--snakefile", str(work / "Empty.smk")],
+            "one": [*snakefile, "export/v2026.09.21", "--config", f"storage_root={work / 'results'}"],
+            "many": [*snakefile, "--configfile", str(config)],
+        },
+        work,
+        repeats,
+        dict(os.environ),
+        None,
     )
-    fifty = wall([*snakefile, "--configfile", str(config)], work, repeats, env, None)
+    floor = timed["floor"]
     return [
         ("local: floor: snakemake -n, empty Snakefile", floor, floor, 1),
-        ("local: rlbuild dry run, export/v2026.09.21", one, floor, 1),
-        (f"local: rlbuild dry run, {len(many)} versions (7 jobs each)", fifty, floor, len(many)),
+        ("local: rlbuild dry run, export/v2026.09.21", timed["one"], floor, 1),
+        (f"local: rlbuild dry run, {len(many)} versions (7 jobs each)", timed["many"], floor, len(many)),
     ]
 
 
@@ -104,43 +117,49 @@ def s3_rows(
     """The floor, the dry runs of 1 and 50 versions empty and built, and status of the built ones, on one S3."""
     label = "s3+20ms" if proxy is not None else "s3"
     many = FIFTY[:count]
-    rows: list[tuple[str, Timed, Timed, int]] = []
-    cache = work / f"cache-{len(label)}"
     with s3_env(server, endpoint) as env:
-        env["RLBUILD_CACHE_DIR"] = str(cache)
+        env["RLBUILD_CACHE_DIR"] = str(work / f"cache-{len(label)}")
         bucket = server.new_bucket()
         flags = ["--default-storage-provider", "s3", "--default-storage-prefix"]
-        floor = wall(
-            [*SNAKEMAKE, "-n", "--snakefile", str(work / "Empty.smk"), *flags, f"s3://{bucket}/floor"],
+        write_built(EXPERIMENT, f"s3://{bucket}/built", many)
+
+        def dry_run(state: str, versions: list[str], *extra: str) -> list[str]:
+            config = work / f"{state}-{len(versions)}.yaml"
+            config.write_text(yaml.safe_dump({"versions": versions}))
+            command = [*SNAKEMAKE, "-n", *extra, "--snakefile", str(REPO / "Snakefile"), "--configfile", str(config)]
+            return [*command, *flags, f"s3://{bucket}/{state}"]
+
+        status = [sys.executable, "-m", "rlbuild", "status", "--experiment", str(EXPERIMENT), "--json"]
+        status += ["--storage-root", f"s3://{bucket}/built", *(artifact("eval").version_folder(v) for v in many)]
+        # The first built run reads every record (no cache yet): once, before the rounds.
+        unread = rounds({"unread": dry_run("built", many)}, work, 1, env, proxy)["unread"]
+        check_nothing_to_do(dry_run("built", many), work, env)
+        timed = rounds(
+            {
+                "floor": [*SNAKEMAKE, "-n", "--snakefile", str(work / "Empty.smk"), *flags, f"s3://{bucket}/floor"],
+                "empty 1": dry_run("empty", many[:1]),
+                "empty": dry_run("empty", many),
+                "quiet": dry_run("empty", many, "-q"),
+                "built 1": dry_run("built", many[:1]),
+                "built": dry_run("built", many),
+                "status": status,
+            },
             work,
             repeats,
             env,
             proxy,
         )
-        rows.append((f"{label}: floor: snakemake -n, one-rule Snakefile", floor, floor, 1))
-        write_built(EXPERIMENT, f"s3://{bucket}/built", many)
-        # (state, versions, repeats): the first built run reads every record (no cache yet), the later ones not.
-        cases = [("empty", [many[0]], repeats), ("empty", many, repeats), ("built", many, 0)]
-        cases += [("built", [many[0]], repeats), ("built", many, repeats)]
-        for state, versions, times in cases:  # times 0: the one run that reads the records
-            config = work / f"{state}-{len(versions)}.yaml"
-            config.write_text(yaml.safe_dump({"versions": versions}))
-            command = [*SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--configfile", str(config)]
-            command += [*flags, f"s3://{bucket}/{state}"]
-            name = f"{label}: rlbuild dry run, {len(versions)} versions {state}" + ("" if times else ", records unread")
-            rows.append((name, wall(command, work, times or 1, env, proxy), floor, len(versions)))
-        check_nothing_to_do(command, work, env)
-        status = [sys.executable, "-m", "rlbuild", "status", "--experiment", str(EXPERIMENT), "--json"]
-        status += ["--storage-root", f"s3://{bucket}/built", *(artifact("eval").version_folder(v) for v in many)]
-        rows.append(
-            (
-                f"{label}: rlbuild status, {len(many)} versions built",
-                wall(status, work, repeats, env, proxy),
-                floor,
-                len(many),
-            )
-        )
-    return rows
+    floor, n = timed["floor"], len(many)
+    return [
+        (f"{label}: floor: snakemake -n, one-rule Snakefile", floor, floor, 1),
+        (f"{label}: rlbuild dry run, 1 versions empty", timed["empty 1"], floor, 1),
+        (f"{label}: rlbuild dry run, {n} versions empty", timed["empty"], floor, n),
+        (f"{label}: rlbuild dry run, {n} versions empty, -q (no job list)", timed["quiet"], floor, n),
+        (f"{label}: rlbuild dry run, {n} versions built, records unread", unread, floor, n),
+        (f"{label}: rlbuild dry run, 1 versions built", timed["built 1"], floor, 1),
+        (f"{label}: rlbuild dry run, {n} versions built", timed["built"], floor, n),
+        (f"{label}: rlbuild status, {n} versions built", timed["status"], floor, n),
+    ]
 
 
 def check_nothing_to_do(command: list[str], cwd: Path, env: dict[str, str]) -> None:
@@ -170,11 +189,11 @@ def main() -> None:
 
 
 def print_table(rows: list[tuple[str, Timed, Timed, int]]) -> None:
-    print(f"{'case':<52}{'median s':>10}{'x floor':>9}{'x (fastest)':>13}{'requests':>10}{'req/version':>13}")
+    print(f"{'case':<64}{'median s':>10}{'x floor':>9}{'x (fastest)':>13}{'requests':>10}{'req/version':>13}")
     for name, timed, floor, versions in rows:
         counted = f"{timed.requests:>10}{timed.requests / versions:>13.1f}" if timed.requests else f"{'':>10}{'':>13}"
         ratios = f"{timed.seconds / floor.seconds:>9.2f}{timed.fastest / floor.fastest:>13.2f}"
-        print(f"{name:<52}{timed.seconds:>10.2f}{ratios}{counted}")
+        print(f"{name:<64}{timed.seconds:>10.2f}{ratios}{counted}")
     for state in ("empty", "built"):
         found = [(t, v) for n, t, _, v in rows if n.startswith("s3+20ms: rlbuild dry run") and n.endswith(state)]
         found = found[-2:]

@@ -26,6 +26,7 @@ def test_dry_run_benchmark_prints_its_ratios() -> None:
     assert "local: floor: snakemake -n, empty Snakefile" in out and "local: rlbuild dry run, 2 versions" in out
     for label in ("s3", "s3+20ms"):
         assert f"{label}: rlbuild dry run, 2 versions built" in out and f"{label}: rlbuild status, 2 versions" in out
+        assert f"{label}: rlbuild dry run, 2 versions empty, -q (no job list)" in out
     assert "s3+20ms built: storage requests per extra version" in out
 
 
