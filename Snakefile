@@ -37,6 +37,7 @@ try:
         on_cluster=workflow.resource_settings.nodes is not None,
         shares_venv=SharedFSUsage.SOFTWARE_DEPLOYMENT in workflow.storage_settings.shared_fs_usage,
         node_limits=CONFIG.node_limits,
+        versions=CONFIG.versions,
     )
     GRAPH.bind_storage(workflow, REPO / CONFIG.storage_root)
     hand_experiment_to_bundles(workflow, REPO, EXPERIMENT_FILE)

@@ -26,7 +26,16 @@ from snakemake_interface_executor_plugins.settings import SharedFSUsage
 from snakemake_interface_storage_plugins.io import WILDCARD_REGEX
 
 from rlbuild.contracts import checkpoints
-from rlbuild.contracts.artifacts import ARTIFACTS, arm_key, arm_of, artifact, is_mutable, kind_of_target, version_of
+from rlbuild.contracts.artifacts import (
+    ARTIFACTS,
+    arm_key,
+    arm_of,
+    artifact,
+    is_mutable,
+    key_of_target,
+    kind_of_target,
+    version_of,
+)
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
@@ -48,6 +57,7 @@ from rlbuild.plan.versioning import (
     experiment_problems,
     measured_step_time,
     plan_cost,
+    read_ahead,
     rebuild_reasons,
 )
 from rlbuild.schedulers.registry import SCHEDULERS
@@ -419,6 +429,7 @@ class Graph:
     # Snakemake shares software deployment with the jobs (its `--shared-fs-usage`): they run this checkout's .venv.
     shares_venv: bool = True
     node_limits: NodeLimits = field(default_factory=lambda: NodeLimits(None, None, None))
+    versions: list[str] = field(default_factory=list)  # the configured versions (the default target builds them)
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
@@ -462,6 +473,8 @@ class Graph:
     def plan(self, version: str) -> Plan:
         """The checked plan of one version (rlbuild/plan/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
+            if not self._plans and self.announce:
+                read_ahead(self.inventory, self.keys_asked())
             source = str(self.experiment_file)
             plan = checked_plan(
                 self.experiment,
@@ -491,6 +504,14 @@ class Graph:
                     if key.endswith(f"/v{version}"):
                         print(f"  lease held     {key}: {describe(holder)}", file=sys.stderr)
         return self._plans[version]
+
+    def keys_asked(self) -> list[str]:
+        """The version keys this invocation plans: its targets' (`export/v2026.09.21`), else, for the default
+        target, every configured version's. A target naming no artifact's version adds none."""
+        settings = getattr(self.workflow, "dag_settings", None)
+        targets = [str(t) for t in (settings.targets if settings else ())]
+        named = self.versions if not targets or "all" in targets else [key_of_target(t) for t in targets]
+        return series.expand(self.experiment, [v for v in dict.fromkeys(named) if v])
 
     def checked(self, version: str) -> Plan:
         """`plan`, with errors reported for a person and Snakemake stopped (input functions call this)."""

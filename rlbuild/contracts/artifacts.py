@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,15 @@ def kind_of_target(target: str) -> str | None:
         if target == a.folder or target.startswith(f"{a.folder}/v"):
             return a.kind
     return None
+
+
+def key_of_target(target: str) -> str | None:
+    """The version key an artifact target names (`export/v2026.09.21`, `train/v2026.09.21@kl-low/terminal.json`,
+    `launch/v2026.09.21.identity.json` -> `2026.09.21...`), or None for any other target."""
+    if kind_of_target(target) is None:
+        return None
+    match = re.search(rf"/v([^/]+?)(?:\.{re.escape(RECORD_NAME)})?(?:/|$)", target)
+    return match[1] if match else None
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ from rlbuild.plan import series
 from rlbuild.plan.identity import record_drift
 from rlbuild.plan.resolve import Plan, resolve
 from rlbuild.plan.spec import Experiment
-from rlbuild.plan.versioning import StoredRecords
+from rlbuild.plan.versioning import StoredRecords, read_ahead
 from rlbuild.schedulers.base import Phase, SchedulerUnavailableError
 from rlbuild.schedulers.registry import UnknownSchedulerError, scheduler_for
 
@@ -103,6 +103,7 @@ def gather(
     inventory = Inventory(root)  # one listing per folder answers every version's records
     inventory.list_ahead()  # while the leases are listed
     leases = held_leases(root)
+    read_ahead(inventory, series.expand(experiment, versions), documents=True)
     found: Entry = {}
     for version in series.expand(experiment, versions):  # a series' version: each of its arms
         try:

@@ -197,3 +197,26 @@ def test_a_rule_param_reaches_the_command_as_given_braces_included() -> None:
     braced = "/home/me/{project}/config/experiments/tiny.yaml"
     as_given = rule_param(braced)
     assert callable(as_given) and as_given(object()) == braced  # a function's result is not formatted
+
+
+def test_the_dry_run_reads_ahead_the_versions_its_targets_name_else_every_configured_one() -> None:
+    """Which versions' records the first plan reads at once (`Graph.keys_asked`): a series' version is each of its
+    arms (the smoke first); a target names its version key; a target naming no artifact adds none."""
+    from types import SimpleNamespace
+
+    from rlbuild.workflow import Graph
+
+    graph = Graph(EXPERIMENTS / "tiny-series.yaml", announce=False, versions=["2026.01.01", "2026.01.02"])
+
+    def asked(*targets: str) -> list[str]:
+        graph.workflow = SimpleNamespace(dag_settings=SimpleNamespace(targets=set(targets)))
+        return graph.keys_asked()
+
+    arms = ["smoke", "base", "kl-low", "seed-7"]
+    assert asked() == asked("all") == [f"{v}@{arm}" for v in ("2026.01.01", "2026.01.02") for arm in arms]
+    assert sorted(asked("export/v2026.03.01@kl-low", "launch/v2026.03.01@base.identity.json")) == [
+        "2026.03.01@base",
+        "2026.03.01@kl-low",
+    ]
+    assert asked("eval/v2026.03.01/results.json") == [f"2026.03.01@{arm}" for arm in arms]
+    assert asked("publish/v2026.03.01.json") == []

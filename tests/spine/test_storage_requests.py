@@ -12,6 +12,8 @@ from rlbuild.core import storage
 from rlbuild.core.inventory import Inventory
 from rlbuild.dev.built import write_built
 from rlbuild.dev.s3 import S3Server, latency_proxy
+from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.versioning import checked_plan, plan_cost, read_ahead
 from tests.conftest import EXPERIMENTS, run_snakemake
 
 VERSIONS = [f"2026.01.{day:02d}" for day in range(1, 29)] + [f"2026.02.{day:02d}" for day in range(1, 23)]
@@ -48,6 +50,26 @@ def test_a_50_version_dry_run_asks_storage_at_most_2_requests_a_version(
     # The first dry run after the build reads each of the 7 records of a version once, concurrently, and keeps
     # them by ETag; the runs after it read none again.
     assert first - fifty <= 7 * len(VERSIONS), f"first run {first}, later {fifty}"
+
+
+def test_the_checks_of_built_versions_find_every_record_read_at_once(
+    tmp_path: Path, s3_server: S3Server, s3_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh machine's first dry run (or `rlbuild check`) of built versions reads every version's records in one
+    concurrent batch, not version after version: after `read_ahead`, each version's checks and cost ask nothing."""
+    monkeypatch.setenv("RLBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    file, versions = EXPERIMENTS / "tiny-addition.yaml", VERSIONS[:3]
+    experiment = load_experiment(file)
+    write_built(file, f"{s3_root}/built", versions)
+    with latency_proxy(s3_server.endpoint, 0.0) as proxy:
+        monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", proxy.endpoint)
+        inventory = Inventory(storage.join(f"{s3_root}/built", experiment.name))
+        read_ahead(inventory, versions)
+        assert proxy.reset() >= 7 * len(versions)  # the listings, then every record
+        for version in versions:
+            plan = checked_plan(experiment, version, f"{s3_root}/built", str(file), inventory=inventory)
+            assert plan_cost(experiment, plan, inventory).gpus == 1
+        assert proxy.reset() == 0
 
 
 def test_the_inventory_answers_from_its_listings_and_sees_what_changed_after_them(tmp_path: Path) -> None:
