@@ -534,10 +534,13 @@ class Graph:
 
         return inputs
 
-    def stage(self, kind: str, *, record: bool = False) -> Callable[[Any], str]:
-        """Input function: a shared stage's output (or its record) as this version key uses it; an arm of a series
-        may use the plain version's, or an earlier arm's (rlbuild/plan/series.py)."""
+    def stage(self, kind: str, *, record: bool = False) -> Callable[[Any], str] | str:
+        """A shared stage's output (or its record) as this version key uses it: in a series an input function,
+        since an arm may use the plain version's, or an earlier arm's (rlbuild/plan/series.py); without arms every
+        version uses its own, and the pattern spares Snakemake a function call in every job."""
         a = artifact(kind)
+        if not self.experiment.arms:
+            return a.record() if record else a.path()
 
         def path(wildcards: Any) -> str:
             key = self.checked(wildcards.version).key_of(kind)
