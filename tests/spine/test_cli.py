@@ -45,6 +45,9 @@ def test_ctrl_c_on_status_watch_exits_130_without_a_traceback(tmp_path: Path) ->
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a test suite started in the background (no job control) ignores
+        # SIGINT, and a child would inherit that and never see the interrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stdout is not None
     first = process.stdout.readline()  # the first refresh has been printed: it sleeps until the next
