@@ -55,6 +55,7 @@ from rlbuild.contracts.artifacts import (
     CorruptDocumentError,
     artifact,
     is_mutable,
+    key_of_target,
     kind_of_target,
 )
 from rlbuild.contracts.launch import LaunchDocument
@@ -103,9 +104,10 @@ def gather(
     inventory = Inventory(root)  # one listing per folder answers every version's records
     inventory.list_ahead()  # while the leases are listed
     leases = held_leases(root)
-    read_ahead(inventory, series.expand(experiment, versions), documents=True)
+    keys = series.expand(experiment, versions)  # a series' version: each of its arms
+    read_ahead(inventory, keys, documents=True)
     found: Entry = {}
-    for version in series.expand(experiment, versions):  # a series' version: each of its arms
+    for version in keys:
         try:
             plan = resolve(experiment, version, storage_root)
         except RlbuildError as error:
@@ -166,11 +168,10 @@ def _targets_done(coordinator: Entry, shown: dict[tuple[str, str], Entry]) -> bo
     """Every target of the coordinator is shown here and done: its failure was repaired since (a later run)."""
     wanted = []
     for target in coordinator.get("targets") or []:
-        match = re.search(r"/v([^/]+)", target)
-        kind = kind_of_target(target)
-        if kind is None or match is None:
+        kind, key = kind_of_target(target), key_of_target(target)
+        if kind is None or key is None:
             return False
-        wanted.append((match[1], kind))
+        wanted.append((key, kind))
     return bool(wanted) and all(shown.get(key, {}).get("state") == "done" for key in wanted)
 
 
@@ -595,15 +596,14 @@ def target_selection(targets: list[str]) -> tuple[list[str], list[str] | None]:
     versions: list[str] = []
     last = -1
     for target in targets:
-        kind = kind_of_target(target)
-        match = re.search(r"/v([^/]+)", target)
-        if kind is None or match is None:
+        kind, key = kind_of_target(target), key_of_target(target)
+        if kind is None or key is None:
             raise StatusTargetError(
                 f"{target!r} is not an artifact target; give one such as "
                 f"{artifact('export').version_folder('2026.09.21')}"
             )
-        if match[1] not in versions:
-            versions.append(match[1])
+        if key not in versions:
+            versions.append(key)
         last = max(last, KINDS.index(kind))
     return versions, list(KINDS[: last + 1])
 

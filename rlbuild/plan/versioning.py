@@ -172,8 +172,9 @@ def check_all(
     if any(p.field.startswith("arms") for p in problems):
         return plans, problems, costs
     inventory = Inventory(join(storage_root, experiment.name))
-    read_ahead(inventory, series.expand(experiment, versions))
-    for key in series.expand(experiment, versions):
+    keys = series.expand(experiment, versions)
+    read_ahead(inventory, keys)
+    for key in keys:
         try:
             plans[key] = checked_plan(
                 experiment, key, storage_root, source, inventory=inventory, shares_venv=shares_venv

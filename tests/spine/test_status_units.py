@@ -37,6 +37,7 @@ from rlbuild.ops.status import (
     overall,
     pace,
     stall_threshold,
+    target_selection,
     train_ladder,
     verdict,
     version_status,
@@ -353,3 +354,12 @@ def test_an_edited_train_document_or_record_is_corrupt_naming_it_and_nothing_bel
     assert "ladder" not in entries["train"]  # a corrupt train is not judged as a running or failed one
     assert entries["export"]["state"] == entries["eval"]["state"] == "stale"
     assert overall({VERSION: entries}).startswith(f"corrupt: {uri} is corrupt")
+
+
+def test_a_status_target_names_its_version_key_whether_folder_file_or_record() -> None:
+    """`rlbuild status <target>`: a record's path names the same version as its folder's (not `v….identity.json`)."""
+    assert target_selection(["launch/v2026.09.21.identity.json"])[0] == ["2026.09.21"]
+    assert target_selection(["eval/v2026.09.21/results.json", "export/v2026.09.21@kl-low"])[0] == [
+        "2026.09.21",
+        "2026.09.21@kl-low",
+    ]
