@@ -1,5 +1,6 @@
 # rlbuild: every artifact of an RL experiment is a file target; the whole plan is checked before any job runs.
 # Logic lives in the `rlbuild` library and `trainer`; rules are inputs, outputs, resources and one call.
+import gc
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,11 @@ from rlbuild.workflow import (
     rule_param,
     workflow_config,
 )
+
+# Every full collection walks all tracked objects. Those of the imports (Snakemake, its plugins, rlbuild: some
+# 200,000) never become garbage, and the dry run of a busy experiment triggers several collections while
+# it builds its jobs: frozen, they are left out of every walk (benchmarks/dry_run.py, 50 versions on S3).
+gc.freeze()
 
 
 configfile: str(Path(workflow.basedir) / "config" / "config.yaml")
