@@ -39,12 +39,28 @@ class Installed:
 
 
 def _path_state() -> tuple[tuple[str, int], ...]:
-    """The Python path and when each entry last changed: installing or upgrading a package changes it."""
+    """The entries of the Python path that hold distributions, and when each last changed: installing or upgrading
+    a package changes it. A folder of modules alone leaves it as it was (Snakemake puts each included rule file's
+    folder on the path: entry points are not read again for it)."""
     state = []
     for entry in sys.path:
         with contextlib.suppress(OSError):
-            state.append((entry, os.stat(entry or ".").st_mtime_ns))
+            changed = os.stat(entry or ".").st_mtime_ns
+            if _holds_distributions(entry, changed):
+                state.append((entry, changed))
     return tuple(state)
+
+
+@functools.lru_cache(maxsize=256)
+def _holds_distributions(entry: str, _changed: int) -> bool:
+    """Whether importlib.metadata finds distributions in `entry` (a folder with a .dist-info or .egg-info; an
+    archive may hold one), once per entry and change."""
+    path = Path(entry or ".")
+    if not path.is_dir():
+        return path.exists()
+    with contextlib.suppress(OSError):
+        return any(name.endswith((".dist-info", ".egg-info")) for name in os.listdir(path))
+    return False
 
 
 @functools.lru_cache(maxsize=4)

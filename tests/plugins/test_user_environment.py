@@ -14,6 +14,7 @@ import yaml
 
 from rlbuild.contracts.sources import parse_source
 from rlbuild.dev.launches import experiment_document, write_test_launch
+from rlbuild.plan import environments
 from rlbuild.plan.preflight import check_experiment, parse_experiment
 from rlbuild.plan.resolve import resolve
 from rlbuild.stages.staging import stage_data
@@ -126,3 +127,18 @@ def test_a_reward_from_a_user_package_trains_end_to_end(tmp_path: Path, site: Pa
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in Path(doc["artifacts"]["metrics_uri"]).read_text().splitlines()]
     assert [m["reward/mean"] for m in metrics if "reward/mean" in m] == [0.25, 0.25]
+
+
+def test_entry_points_are_read_again_for_a_new_distribution_not_for_a_folder_of_modules(
+    tmp_path: Path, site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snakemake puts each included rule file's folder on the Python path: the entry points read at preflight
+    still answer for the plan of every version. A folder holding a distribution is read."""
+    before = environments._path_state()
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "helpers.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(rules))
+    assert environments._path_state() == before
+    monkeypatch.syspath_prepend(str(install_user_package(tmp_path / "other-site", "2.0.0")))
+    assert environments._path_state() != before
