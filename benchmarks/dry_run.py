@@ -1,7 +1,7 @@
 """Dry-run wall time of the rlbuild graph against the floor: bare `snakemake -n` of a one-rule Snakefile on the
 same storage, in the same run.
 
-Rows, each the median of a few runs and its ratio to the floor of its storage, and the ratio of the fastest runs
+Rows, each the median of 5 runs (--repeats) and its ratio to the floor of its storage, and the ratio of the fastest runs
 (a shared machine's noise only adds time, so it is the steadier measure of the work). The runs go in rounds, one
 run of every case of a storage a round, the floor's among them: a shared machine's speed drifts over minutes, and
 each ratio then compares runs made side by side, not the floor's minute with another's.
@@ -18,7 +18,7 @@ build (every record fetched), the other built rows run after it.
 
 Run it after `make setup`, which compiles the checkout's bytecode, as a user's Python caches it after the first run.
 
-    uv run python benchmarks/dry_run.py [--repeats 3] [--smoke]
+    uv run python benchmarks/dry_run.py [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def check_nothing_to_do(command: list[str], cwd: Path, env: dict[str, str]) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="2 versions instead of 50, one repeat (seconds)")
     parser.add_argument("--versions", type=int, default=len(FIFTY), help="the many-versions rows' count (<= 50)")
     parser.add_argument("--no-local", action="store_true", help="only the S3 rows")
