@@ -53,10 +53,10 @@ def _path_state() -> tuple[tuple[str, int], ...]:
 
 @functools.lru_cache(maxsize=256)
 def _holds_distributions(entry: str, _changed: int) -> bool:
-    """Whether importlib.metadata finds distributions in `entry` (a folder with a .dist-info or .egg-info; an
-    archive may hold one), once per entry and change."""
+    """Whether importlib.metadata may find distributions in `entry` (a folder with a .dist-info or .egg-info, an
+    .egg, or an archive), once per entry and change."""
     path = Path(entry or ".")
-    if not path.is_dir():
+    if not path.is_dir() or path.suffix == ".egg":
         return path.exists()
     with contextlib.suppress(OSError):
         return any(name.endswith((".dist-info", ".egg-info")) for name in os.listdir(path))

@@ -142,3 +142,7 @@ def test_entry_points_are_read_again_for_a_new_distribution_not_for_a_folder_of_
     assert environments._path_state() == before
     monkeypatch.syspath_prepend(str(install_user_package(tmp_path / "other-site", "2.0.0")))
     assert environments._path_state() != before
+    egg = tmp_path / "old_rewards-1.0.egg"  # an egg on the path is a distribution of its own (EGG-INFO inside)
+    (egg / "EGG-INFO").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(egg))
+    assert str(egg) in dict(environments._path_state())
