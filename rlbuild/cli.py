@@ -246,9 +246,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_base_model(args: argparse.Namespace) -> int:
+    from rlbuild.stages.basemodel import build_or_copy, cache_folder
+
     plan = _plan(args)
-    out = Path(args.out)
-    code = _trainer("base-model", "--out", str(out), "--seed", str(plan.records["base_model"]["fields"]["seed"]))
+    seed = plan.records["base_model"]["fields"]["seed"]
+    code = build_or_copy(
+        Path(args.out),
+        seed,
+        lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed)),
+        cache_folder(),
+    )
     if code == 0:
         _write_record(Path(args.record), plan.records["base_model"], args.out)
     return code

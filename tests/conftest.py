@@ -15,9 +15,24 @@ import pytest
 
 from rlbuild.dev.s3 import S3Server
 from rlbuild.dev.s3 import s3_server as loopback_s3_server
+from rlbuild.stages.basemodel import CACHE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "config" / "experiments"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def base_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One base-model cache for the session (rlbuild/stages/basemodel.py): every graph a test runs, here or in a
+    job it starts, takes the one build of each (source, seed) instead of warm-starting its own."""
+    folder = tmp_path_factory.mktemp("base-models")
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = previous
 
 
 @pytest.fixture(scope="session")

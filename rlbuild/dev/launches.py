@@ -23,11 +23,11 @@ import yaml
 
 from rlbuild.contracts.launch import dump_launch
 from rlbuild.contracts.sources import parse_source
-from rlbuild.contracts.tinymodel import TINY_MODEL_FILE
 from rlbuild.core import storage
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
 from rlbuild.plan.series import deep_merge
+from rlbuild.stages.basemodel import build_or_copy, cache_folder, cache_key
 from rlbuild.stages.staging import stage_data, stage_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,11 +65,19 @@ def _cached(name: str, sources: tuple[Path, ...], make: Callable[[Path], None]) 
 
 
 def base_model_dir(seed: int = 0) -> Path:
-    """The tiny warm-started base model, built once per tiny.py source, architecture and seed."""
-    sources = (REPO / "trainer" / "tiny.py", TINY_MODEL_FILE)
-    return _cached(
-        f"tiny-base-{seed}", sources, lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed))
-    )
+    """The tiny warm-started base model of `seed`, in the base_model stage's cache (the suite's folder, else the
+    temp folder's): built once per digest of what builds it, the copy every graph of the session takes too."""
+    folder = cache_folder() or Path(tempfile.gettempdir()) / "rlbuild-base-models"
+
+    def build(out: Path) -> int:
+        _trainer("base-model", "--out", str(out), "--seed", str(seed))
+        return 0
+
+    kept = folder / cache_key(seed)
+    if not kept.is_dir():
+        with tempfile.TemporaryDirectory(prefix="rlbuild-base-model-") as scratch:
+            build_or_copy(Path(scratch) / "model", seed, build, folder)
+    return kept
 
 
 def experiment_document(

@@ -28,6 +28,7 @@ import yaml
 from rlbuild.contracts.artifacts import ARTIFACTS
 from rlbuild.contracts.manifest import verify_local
 from rlbuild.core.streams import read_stream
+from rlbuild.stages.basemodel import CACHE_ENV
 from tests.conftest import REPO
 from tests.e2e.test_pipeline import VERSION, Pipeline, small_experiment
 from tests.faults import wait_until
@@ -120,7 +121,8 @@ def interrupt(pipe: Pipeline, row: Row, mark: str) -> dict[str, float]:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
     command += ["--rerun-incomplete", "--config", f"experiment={pipe.experiment}", f"storage_root={pipe.storage}"]
     command += [f"versions=['{VERSION}']"]
-    env = {**os.environ, MARK: mark}
+    # The base-model rows interrupt a real warm start: not a copy from the session's cache.
+    env = {**{k: v for k, v in os.environ.items() if k != CACHE_ENV}, MARK: mark}
     log = pipe.folder / f"snakemake-{mark}.log"
     with log.open("w") as out:
         process = subprocess.Popen(

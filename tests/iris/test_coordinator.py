@@ -28,11 +28,13 @@ VERSION = "2026.09.21"
 SUBMITTED = re.compile(r"(submitted as|is already running as) Iris job (\S+)")
 
 
-def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 120) -> Path:
-    """An experiment file of `checkout` (untracked, not ignored: it travels in the bundle)."""
+def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 8) -> Path:
+    """An experiment file of `checkout` (untracked, not ignored: it travels in the bundle). The run proves the
+    bundle and the detached graph, not learning: a few steps, enough for status to see one advance while running."""
     doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     doc["name"] = name
-    doc["recipe"]["trainer"].update({"max_steps": max_steps, "ckpt_interval": 40, "eval_interval": -1})
+    interval = max(max_steps // 2, 1)
+    doc["recipe"]["trainer"].update({"max_steps": max_steps, "ckpt_interval": interval, "eval_interval": -1})
     path = checkout / "config" / "experiments" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

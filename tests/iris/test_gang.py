@@ -158,28 +158,7 @@ def test_restarted_snakemake_adopts_the_job_it_submitted(iris: LocalIris, iris_c
     assert (workdir / "out" / "gang.txt").read_text() == "2\n"
 
 
-def test_a_killed_task_restarts_the_whole_gang(iris: LocalIris, iris_client, tmp_path: Path) -> None:
-    from iris.cluster.types import JobName
-
-    workdir = workflow_copy(tmp_path)
-    log = tmp_path / "snakemake.log"
-    argv = ["--executor", "iris", "--jobs", "2", *fast_flags(), "--config", "sleep=20", "max_retries=1"]
-    process = start_snakemake(argv, workdir, snakemake_env(iris, tmp_path / "home"), log)
-    try:
-        job = wait_for(lambda: submitted_job(log), 120, "the gang's submission")
-        pids = wait_for(lambda: task_pids(job, 1), 60, "rank 1's bootstrap")
-        wait_for(lambda: "Ray nodes alive: 2/2" in _logs(iris_client, job), 90, "the gang's Ray to assemble")
-        os.killpg(os.getpgid(pids[0]), signal.SIGKILL)  # the task's whole process group, as when a node is lost
-        assert process.wait(240) == 0, log.read_text()
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-    status = iris_client.job_status(JobName.from_wire(job))
-    assert status.failure_count >= 1
-    assert (workdir / "out" / "gang.txt").read_text() == "2\n"
-
-
-def _logs(client, job: str) -> str:
+def job_logs(client, job: str) -> str:
     from iris.cluster.types import JobName
 
     return "\n".join(entry.data for entry in client.job(JobName.from_wire(job)).logs())

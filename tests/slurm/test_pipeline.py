@@ -1,11 +1,11 @@
-"""The project's graph through `snakemake --profile slurm` on a real local Slurm cluster with S3 (moto).
+"""The project's graph through `snakemake --profile slurm` on a real local Slurm cluster with S3 (moto), in one run:
 
-- The default graph to export and eval, with a wall-clock limit shorter than the run: each link of the train job
-  checkpoints before the limit, exits "to be continued" and requeues the job; the next link resumes from that
-  checkpoint until the configured steps are done. The test prints the measured timeline (hand-over, checkpoint,
-  requeue, resume).
-- A train job of two nodes (n1, n2: two slurmd on this host, one task each) whose gang bootstraps Ray and trains;
-  its processes received the allow-listed environment only.
+- The train job is a gang of two nodes (n1, n2: two slurmd on this host, one task each) that bootstraps Ray
+  across both and trains; its processes received the allow-listed environment only.
+- Its wall-clock limit is shorter than the run: each link of the train job checkpoints before the limit, exits
+  "to be continued" and requeues the job; the next link (the whole gang again) resumes from that checkpoint until
+  the configured steps are done, and the graph goes on to export and eval. The test prints the measured timeline
+  (hand-over, checkpoint, requeue, resume).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from tests.slurm.local_cluster import LocalSlurm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 VERSION = "2026.09.21"
-# The chain: one node of CPU ranks (the default's role plan), a 5-minute limit whose hand-over time (limit - lead)
-# falls 1 s after the start, before any trainer can be ready: every link trains exactly one step past the hand-over
-# time, checkpoints it and hands over, however fast or loaded the machine is (a link's start-up takes ~15 s on an
-# idle 2-core box, over 3 minutes on a loaded one). Two steps are two links.
+# The chain: a gang of two nodes (CPU ranks standing in for one GPU each), a 5-minute limit whose hand-over time
+# (limit - lead) falls 1 s after the start, before any trainer can be ready: every link trains exactly one step past
+# the hand-over time, checkpoints it and hands over, however fast or loaded the machine is (a link's start-up takes
+# ~15 s on an idle 2-core box, over 3 minutes on a loaded one). Two steps are two links.
 CHAIN_STEPS, LIMIT_S, LEAD_S = 2, 300, 299
 SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+/rule_train/\S+)\)")
 LINK = re.compile(r"\[chain (\d\d:\d\d:\d\d)\] link (\d+) of at most \d+ of Slurm job \d+")
@@ -78,26 +78,40 @@ def train_job(log: Path) -> tuple[str, str]:
     return wait_for(lambda: (m := SUBMITTED.search(log.read_text())) and m.groups(), 600, "the train job")
 
 
-def test_the_default_graph_chains_past_its_wall_clock_limit_to_export_and_eval(
+def test_a_two_node_gang_bootstraps_ray_and_chains_past_its_wall_clock_limit_to_export_and_eval(
     slurm: LocalSlurm, s3: S3, tmp_path: Path
 ) -> None:
     name = "slurm-chain"
     limit = time.strftime("%H:%M:%S", time.gmtime(LIMIT_S))
-    settings = {"partition": "cpu", "time_limit": limit, "signal_lead_s": LEAD_S}
-    experiment = experiment_file(tmp_path, name, settings, {"max_steps": CHAIN_STEPS, "ckpt_interval": 1000})
+    settings = {"partition": "gpu", "time_limit": limit, "signal_lead_s": LEAD_S}
+    experiment = experiment_file(
+        tmp_path,
+        name,
+        settings,
+        {"max_steps": CHAIN_STEPS, "ckpt_interval": 1000},
+        topology={"num_nodes": 2, "gpus_per_node": 1, "gpu_variant": "H100"},
+    )
+    doc = yaml.safe_load(experiment.read_text())
+    doc["role_plan"].update({"policy_num_nodes": 2, "policy_num_gpus_per_node": 1, "num_inference_engines": 2})
+    doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
+    experiment.write_text(yaml.safe_dump(doc, sort_keys=False))
     process, log = run_profile(slurm, s3, tmp_path, experiment, f"eval/v{VERSION}/results.json")
     try:
         job, slurm_log = train_job(log)
+        wait_for(lambda: "rank 1/2" in _text(slurm_log, job), 300, "rank 1 of the gang")
+        _assert_allow_listed_environment(slurm, job, s3)
+        node_list = slurm.show_job(job)  # while it runs: a finished job's record may be gone by the end
     finally:
         finish(process, log, 1100)
     plan = log.read_text()  # the plan Snakemake prints before anything runs shows the Slurm placement
-    assert "slurm          account rlbuild, partition cpu, qos -; whole nodes, exclusive" in plan
+    assert "slurm          account rlbuild, partition gpu, qos -; whole nodes, exclusive" in plan
     assert f"chain          wall-clock limit {limit} per link, checkpoint and hand-over {LEAD_S} s before it" in plan
     prefix = f"p/{name}"
     assert json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))["global_step"] == CHAIN_STEPS
     assert "accuracy" in s3.read(f"{prefix}/eval/v{VERSION}/results.json")
     assert s3.read(f"{prefix}/export/v{VERSION}.identity.json")  # beside the folder (artifacts.record)
     text = _text(slurm_log, job)
+    assert re.search(r"NodeList=n\[1-2\]", node_list), node_list
     links = _links(text)
     print(_timeline(links, s3, prefix))
     assert len(links) == CHAIN_STEPS, text[-4000:]
@@ -105,33 +119,8 @@ def test_the_default_graph_chains_past_its_wall_clock_limit_to_export_and_eval(
     assert trained == list(range(1, CHAIN_STEPS + 1)), "a step trained twice, or one skipped"
     for before, after in itertools.pairwise(links):
         assert before["continued"] is not None and after["resumed"] == before["continued"][1]
-
-
-def test_a_two_node_gang_bootstraps_ray_and_trains(slurm: LocalSlurm, s3: S3, tmp_path: Path) -> None:
-    name = "slurm-gang"
-    settings = {"partition": "gpu", "time_limit": "00:20:00", "signal_lead_s": 60}
-    experiment = experiment_file(
-        tmp_path,
-        name,
-        settings,
-        {"max_steps": 4, "ckpt_interval": 2},
-        topology={"num_nodes": 2, "gpus_per_node": 1, "gpu_variant": "H100"},
-    )
-    doc = yaml.safe_load(experiment.read_text())
-    doc["role_plan"].update({"policy_num_nodes": 2, "policy_num_gpus_per_node": 1, "num_inference_engines": 2})
-    doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
-    experiment.write_text(yaml.safe_dump(doc, sort_keys=False))
-    process, log = run_profile(slurm, s3, tmp_path, experiment, f"train/v{VERSION}/terminal.json")
-    try:
-        job, slurm_log = train_job(log)
-        wait_for(lambda: "rank 1/2" in _text(slurm_log, job), 300, "rank 1 of the gang")
-        _assert_allow_listed_environment(slurm, job, s3)
-    finally:
-        finish(process, log, 900)
-    assert json.loads(s3.read(f"p/{name}/train/v{VERSION}/terminal.json"))["global_step"] == 4
-    text = _text(slurm_log, job)
-    assert "Ray nodes alive: 2/2" in text and "rank 0/2" in text
-    assert re.search(r"NodeList=n\[1-2\]", slurm.show_job(job)), slurm.show_job(job)
+    for link in links:  # every link is the whole gang again: Ray across both nodes, both ranks
+        assert "Ray nodes alive: 2/2" in link["text"] and "rank 0/2" in link["text"], link["text"][-3000:]
 
 
 def _text(slurm_log: str, job: str) -> str:

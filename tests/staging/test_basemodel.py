@@ -1,0 +1,47 @@
+"""The base_model stage's cache: a build is kept whole under the digest of what builds it and copied from there;
+a failed build is not kept; another seed is another key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlbuild.stages.basemodel import build_or_copy, cache_key
+
+
+def _builder(calls: list[Path], code: int = 0):
+    def build(out: Path) -> int:
+        calls.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.safetensors").write_bytes(b"weights")
+        (out / "tokenizer.json").write_text("{}")
+        return code
+
+    return build
+
+
+def test_a_build_is_kept_and_the_next_one_copies_it(tmp_path: Path) -> None:
+    calls: list[Path] = []
+    folder = tmp_path / "cache"
+    assert build_or_copy(tmp_path / "first", 7, _builder(calls), folder) == 0
+    assert build_or_copy(tmp_path / "second", 7, _builder(calls), folder) == 0
+    assert calls == [tmp_path / "first"]  # built once
+    assert (tmp_path / "second" / "model.safetensors").read_bytes() == b"weights"
+    assert [p.name for p in folder.iterdir()] == [cache_key(7)]  # no partial copy left beside it
+
+
+def test_a_failed_build_is_not_kept_and_another_seed_is_another_key(tmp_path: Path) -> None:
+    calls: list[Path] = []
+    folder = tmp_path / "cache"
+    assert build_or_copy(tmp_path / "failed", 1, _builder(calls, code=3), folder) == 3
+    assert not folder.exists()
+    assert cache_key(1) != cache_key(2) and cache_key(1) == cache_key(1)
+    build_or_copy(tmp_path / "one", 1, _builder(calls), folder)
+    build_or_copy(tmp_path / "two", 2, _builder(calls), folder)
+    assert len(calls) == 3 and sorted(p.name for p in folder.iterdir()) == sorted([cache_key(1), cache_key(2)])
+
+
+def test_without_a_cache_folder_every_build_builds(tmp_path: Path) -> None:
+    calls: list[Path] = []
+    build_or_copy(tmp_path / "a", 0, _builder(calls), None)
+    build_or_copy(tmp_path / "b", 0, _builder(calls), None)
+    assert calls == [tmp_path / "a", tmp_path / "b"]
