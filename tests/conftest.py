@@ -23,9 +23,12 @@ EXPERIMENTS = REPO / "config" / "experiments"
 
 @pytest.fixture(scope="session", autouse=True)
 def base_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One base-model cache for the session (rlbuild/stages/basemodel.py): every graph a test runs, here or in a
-    job it starts, takes the one build of each (source, seed) instead of warm-starting its own."""
-    folder = tmp_path_factory.mktemp("base-models")
+    """One base-model cache for the test run (rlbuild/stages/basemodel.py): every graph a test runs, here or in a
+    job it starts, in any worker, takes the one build of each (source, seed) instead of warm-starting its own."""
+    # Under pytest-xdist every worker has a temp folder of its own; the run's folder above them is shared.
+    run = tmp_path_factory.getbasetemp()
+    folder = (run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "base-models"
+    folder.mkdir(exist_ok=True)
     previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(folder)
     yield folder
@@ -110,3 +113,45 @@ def copy_of_the_code(target: Path) -> Path:
         elif source.is_file():
             shutil.copy2(source, copy)
     return target
+
+
+# Folders whose tests share one cluster per session (tests/iris, tests/slurm): one unit of work under pytest-xdist,
+# so one worker starts the cluster (a second local Slurm cannot run beside the first: /run/slurm/conf is one link).
+SHARED_CLUSTER_FOLDERS = ("iris", "slurm")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The units of work `make test` hands its two pytest-xdist workers (`--dist loadgroup`): a module (its
+    module-scoped fixtures, such as the pipeline's one run, are made once) or a shared-cluster folder. Units that
+    hold slow tests go first, the most slow tests first, so the long ones start while the short ones fill in."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        module = Path(item.nodeid.split("::", 1)[0])
+        folder = module.parts[1] if len(module.parts) > 2 else ""
+        unit = f"tests/{folder}" if folder in SHARED_CLUSTER_FOLDERS else module.as_posix()
+        item.add_marker(pytest.mark.xdist_group(unit))
+        units.setdefault(unit, []).append(item)
+    slow = {unit: sum(1 for item in members if item.get_closest_marker("slow")) for unit, members in units.items()}
+    items[:] = [item for unit in sorted(units, key=lambda u: -slow[u]) for item in units[unit]]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After the slowest tests (`--durations`): where the suite's time went, folder by folder (setup, call and
+    teardown of every test, fixtures included), so a slower CI names its folder."""
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if not isinstance(report, pytest.TestReport):
+                continue
+            folder = str(Path(report.nodeid.split("::", 1)[0]).parent)
+            totals[folder] = totals.get(folder, 0.0) + report.duration
+            if report.when == "call":
+                counts[folder] = counts.get(folder, 0) + 1
+    if not totals:
+        return
+    terminalreporter.write_sep("=", "time per folder (setup + call + teardown)")
+    for folder, seconds in sorted(totals.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:9.1f} s  {counts.get(folder, 0):4d} tests  {folder}")
+    terminalreporter.write_line(f"{sum(totals.values()):9.1f} s  {sum(counts.values()):4d} tests  (all)")

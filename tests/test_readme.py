@@ -41,6 +41,7 @@ RUN_HERE = {
 COVERED_ELSEWHERE = {
     "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
     "make test": "CI runs it (.ci/run)",
+    "make test-fast": "`make test` runs every test it runs (those not marked slow), with the same options",
     "source .venv/bin/activate": "these tests put the venv's bin first on PATH, as activating does",
     "snakemake --forcerun eval": "tests/e2e/test_pipeline.py::test_forcerun_eval_reruns_eval_only",
     "snakemake --forcerun export -- export/v2026.09.21": "test_forcerun_export_reexports_without_retraining",
