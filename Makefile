@@ -22,7 +22,7 @@ iris-local: setup
 # schedulers and subprocesses, so a second worker fills the idle core. A module, or the folder of a shared local
 # cluster (tests/iris, tests/slurm), is one unit of work (tests/conftest.py). The log ends with the 40 slowest
 # tests and the time per folder.
-PARALLEL := -n 2 --dist loadgroup --no-loadscope-reorder
+PARALLEL := -n 2 --dist loadscope --no-loadscope-reorder
 
 test: setup
 	python -m pytest $(PARALLEL)

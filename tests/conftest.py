@@ -120,19 +120,36 @@ def copy_of_the_code(target: Path) -> Path:
 SHARED_CLUSTER_FOLDERS = ("iris", "slurm")
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to under `make test`'s two pytest-xdist workers: its module (so module
+    fixtures, such as the pipeline's one run, are made once), or its folder where that shares a cluster."""
+    module = Path(nodeid.split("::", 1)[0])
+    folder = module.parts[1] if len(module.parts) > 2 else ""
+    return f"tests/{folder}" if folder in SHARED_CLUSTER_FOLDERS else module.as_posix()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The units of work `make test` hands its two pytest-xdist workers (`--dist loadgroup`): a module (its
-    module-scoped fixtures, such as the pipeline's one run, are made once) or a shared-cluster folder. Units that
-    hold slow tests go first, the most slow tests first, so the long ones start while the short ones fill in."""
+    """Units that hold slow tests first, the most slow tests first, each unit's tests together: the workers (which
+    take units in this order, `--no-loadscope-reorder`) start the long ones while the short ones fill in."""
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        module = Path(item.nodeid.split("::", 1)[0])
-        folder = module.parts[1] if len(module.parts) > 2 else ""
-        unit = f"tests/{folder}" if folder in SHARED_CLUSTER_FOLDERS else module.as_posix()
-        item.add_marker(pytest.mark.xdist_group(unit))
-        units.setdefault(unit, []).append(item)
+        units.setdefault(unit_of(item.nodeid), []).append(item)
     slow = {unit: sum(1 for item in members if item.get_closest_marker("slow")) for unit, members in units.items()}
     items[:] = [item for unit in sorted(units, key=lambda u: -slow[u]) for item in units[unit]]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadscope` with `unit_of`'s units as the scopes (pytest-xdist's own `--dist loadgroup` marks do not
+    reach pytest 9's node ids)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 @pytest.hookimpl(trylast=True)

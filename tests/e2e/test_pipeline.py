@@ -25,7 +25,7 @@ from tests.faults import Fault, s3_proxy, wait_until
 from tests.spine.test_graph import job_counts
 
 VERSION = "2026.09.21"
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # every test here runs the real graph
 
 
 def small_experiment(folder: Path, max_steps: int = 4, name: str = "tiny-addition") -> Path:
@@ -274,7 +274,6 @@ def test_a_training_snakemake_saw_interrupted_is_rewritten_from_its_final_checkp
     assert "is the completed final step; writing its terminal manifest" in log and "[trainer] step" not in log
 
 
-@pytest.mark.slow
 def test_killed_training_resumes_from_the_latest_checkpoint(tmp_path: Path) -> None:
     experiment = small_experiment(tmp_path, max_steps=8, name="resume")
     pipe = Pipeline(tmp_path, experiment)
@@ -321,7 +320,6 @@ def test_killed_training_resumes_from_the_latest_checkpoint(tmp_path: Path) -> N
     assert len(logs) == 2 and any("resumed from" in text for text in logs)
 
 
-@pytest.mark.slow
 def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> None:
     bucket = s3_server.new_bucket()
     experiment = small_experiment(tmp_path, max_steps=2)
