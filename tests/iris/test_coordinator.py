@@ -28,9 +28,10 @@ VERSION = "2026.09.21"
 SUBMITTED = re.compile(r"(submitted as|is already running as) Iris job (\S+)")
 
 
-def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 8) -> Path:
+def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 30) -> Path:
     """An experiment file of `checkout` (untracked, not ignored: it travels in the bundle). The run proves the
-    bundle and the detached graph, not learning: a few steps, enough for status to see one advance while running."""
+    bundle and the detached graph, not learning: steps enough for status (polling every second, each poll reading
+    S3 and Iris) to see one advance while the train still runs; 8 steps ended between two polls on a loaded box."""
     doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     doc["name"] = name
     interval = max(max_steps // 2, 1)
