@@ -28,10 +28,11 @@ VERSION = "2026.09.21"
 SUBMITTED = re.compile(r"(submitted as|is already running as) Iris job (\S+)")
 
 
-def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 30) -> Path:
+def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 60) -> Path:
     """An experiment file of `checkout` (untracked, not ignored: it travels in the bundle). The run proves the
-    bundle and the detached graph, not learning: steps enough for status (polling every second, each poll reading
-    S3 and Iris) to see one advance while the train still runs; 8 steps ended between two polls on a loaded box."""
+    bundle and the detached graph, not learning: half the steps it used to train, still enough for status to see
+    one advance while the train runs (the trainer publishes its progress at most every 5 s; 8 steps ended inside
+    one such interval)."""
     doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     doc["name"] = name
     interval = max(max_steps // 2, 1)
