@@ -28,15 +28,12 @@ VERSION = "2026.09.21"
 SUBMITTED = re.compile(r"(submitted as|is already running as) Iris job (\S+)")
 
 
-def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 60) -> Path:
-    """An experiment file of `checkout` (untracked, not ignored: it travels in the bundle). The run proves the
-    bundle and the detached graph, not learning: half the steps it used to train, still enough for status to see
-    one advance while the train runs (the trainer publishes its progress at most every 5 s; 8 steps ended inside
-    one such interval)."""
+def detached_experiment(checkout: Path, name: str = "detached", max_steps: int = 120) -> Path:
+    """An experiment file of `checkout` (untracked, not ignored: it travels in the bundle). 120 steps: with 8 and
+    30, under the full suite's load, status never saw a step advance while the train ran (it passed alone)."""
     doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     doc["name"] = name
-    interval = max(max_steps // 2, 1)
-    doc["recipe"]["trainer"].update({"max_steps": max_steps, "ckpt_interval": interval, "eval_interval": -1})
+    doc["recipe"]["trainer"].update({"max_steps": max_steps, "ckpt_interval": 40, "eval_interval": -1})
     path = checkout / "config" / "experiments" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
