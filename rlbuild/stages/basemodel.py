@@ -13,6 +13,7 @@ import hashlib
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from functools import cache
@@ -57,8 +58,12 @@ def build_or_copy(out: Path, seed: int, build: Callable[[Path], int], folder: Pa
     code = build(out)
     if code != 0 or kept is None:
         return code
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{kept.name}.partial-", dir=kept.parent))
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{kept.name}.partial-", dir=kept.parent))
+    except OSError as error:  # a cache that cannot be written costs the next build its copy, not this build
+        print(f"rlbuild: base model built, not kept in ${CACHE_ENV} ({error}); fix or unset it", file=sys.stderr)
+        return 0
     shutil.copytree(out, partial, dirs_exist_ok=True)
     try:
         partial.rename(kept)

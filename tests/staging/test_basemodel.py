@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rlbuild.stages.basemodel import build_or_copy, cache_key
 
 
@@ -45,3 +47,14 @@ def test_without_a_cache_folder_every_build_builds(tmp_path: Path) -> None:
     build_or_copy(tmp_path / "a", 0, _builder(calls), None)
     build_or_copy(tmp_path / "b", 0, _builder(calls), None)
     assert calls == [tmp_path / "a", tmp_path / "b"]
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_build_done_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[Path] = []
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache folder should be")
+    assert build_or_copy(tmp_path / "out", 0, _builder(calls), not_a_folder) == 0
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == b"weights"
+    assert "not kept in $RLBUILD_BASE_MODEL_CACHE" in capsys.readouterr().err
