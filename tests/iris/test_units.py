@@ -158,6 +158,7 @@ def test_an_unreachable_controller_fails_at_start_with_a_fix(tmp_path: Path) -> 
     assert "check --iris-controller-url" in result.stderr
 
 
+@pytest.mark.slow  # starts a real gang node process (~30 s)
 def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp_path: Path) -> None:
     launch = write_test_launch(tmp_path)
     check_runtime(str(launch), os.environ)  # planned from this checkout: the node's code is the plan's

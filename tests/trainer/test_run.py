@@ -56,6 +56,7 @@ def _metrics(doc: dict) -> list[dict]:
     return [json.loads(line) for line in Path(uri).read_text().splitlines()]
 
 
+@pytest.mark.slow  # a real Ray training run: out of the 3-minute inner loop
 @pytest.mark.timeout(400)
 def test_train_then_export_then_eval(tmp_path: Path) -> None:
     # Two optimizer steps (update epochs) per global step; warmup over the first two.
@@ -176,6 +177,7 @@ def resume_to_the_end(launch: Path, killed_at: int, max_steps: int) -> subproces
     return resumed
 
 
+@pytest.mark.slow  # a real Ray training run: out of the 3-minute inner loop
 @pytest.mark.timeout(600)
 def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Path) -> None:
     launch = write_test_launch(tmp_path, recipe={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
@@ -236,6 +238,7 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
     assert not any("policy/kl" in r for r in records), "no KL term: KL is absent, not 0.0"
 
 
+@pytest.mark.slow  # a real Ray training run: out of the 3-minute inner loop
 @pytest.mark.timeout(400)
 def test_a_reference_on_its_own_workers_trains_exactly_like_a_colocated_one(tmp_path: Path) -> None:
     """Same seed, same steps: only where the reference model runs differs, so every training metric matches."""
