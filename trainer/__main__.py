@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
 
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
-from trainer import tasks, tiny
-from trainer.commands import evaluate, export
 from trainer.errors import TrainerError
+
+# Each subcommand's module adds its parser. Only the one named is imported: `make-data` is pure Python and must not
+# pay torch's and transformers' ~4 s import in every staging job.
+SUBCOMMANDS = {
+    "export": "trainer.commands.export",
+    "base-model": "trainer.tiny",
+    "make-data": "trainer.tasks",
+    "eval": "trainer.commands.evaluate",
+}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -40,10 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         help="retrain an immutable version whose terminal manifest is missing, from step 0",
     )
     run.set_defaults(func=_run)
-    export.add_cli(sub)
-    tiny.add_cli(sub)
-    tasks.add_cli(sub)
-    evaluate.add_cli(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    named = next((a for a in argv if not a.startswith("-")), None)  # the top-level parser has no valued option
+    wanted = [named] if named in SUBCOMMANDS else [] if named == "run" else list(SUBCOMMANDS)  # --help, a typo: all
+    for command in wanted:
+        importlib.import_module(SUBCOMMANDS[command]).add_cli(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

@@ -46,25 +46,16 @@ def test_unknown_task_and_split_are_errors() -> None:
         tasks.generate("addition", "test", "seed-0")
 
 
-def test_make_data_cli_round_trips(tmp_path: Path) -> None:
+def test_make_data_cli_round_trips_without_importing_torch(tmp_path: Path) -> None:
+    """Every staging job runs it: it must not pay torch's and transformers' import (~4 s of CPU each time)."""
     out = tmp_path / "train.jsonl"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "make-data",
-            "--task",
-            "addition",
-            "--split",
-            "train",
-            "--revision",
-            "seed-0",
-            "--out",
-            str(out),
-        ],
-        check=True,
+    argv = ["make-data", "--task", "addition", "--split", "train", "--revision", "seed-0", "--out", str(out)]
+    script = (
+        "import sys; from trainer.__main__ import main; code = main(sys.argv[1:]); "
+        "heavy = sorted({'torch', 'transformers'} & set(sys.modules)); "
+        "assert not heavy, f'make-data imported {heavy}'; sys.exit(code)"
     )
+    subprocess.run([sys.executable, "-c", script, *argv], check=True)
     assert list(read_rows(out)) == tasks.generate("addition", "train", "seed-0")
     assert json.loads(out.read_text().splitlines()[0]).keys() == {"prompt", "answer"}
 
