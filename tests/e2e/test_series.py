@@ -22,15 +22,15 @@ from tests.e2e.test_pipeline import VERSION, Pipeline, ran
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHIPPED = yaml.safe_load((EXPERIMENTS / "tiny-series.yaml").read_text())
-# The shipped series on a budget: the smoke 2 steps, the others 4, and a fifth arm identical to base (no job).
+# The shipped series on a budget: the smoke 1 step, the others 2, and a fifth arm identical to base (no job).
 ARMS: dict[str, Any] = copy.deepcopy(SHIPPED["arms"]) | {"base-again": {}}
-ARMS["smoke"]["recipe"]["trainer"] |= {"max_steps": 2, "eval_interval": 2}
+ARMS["smoke"]["recipe"]["trainer"] |= {"max_steps": 1, "eval_interval": 1}
 BUILT = ("smoke", "base", "kl-low", "seed-7")
 
 
 def series_experiment(folder: Path, arms: dict[str, Any]) -> Path:
     doc = copy.deepcopy(SHIPPED)
-    doc["recipe"]["trainer"].update({"max_steps": 4, "ckpt_interval": 2, "eval_interval": 2})
+    doc["recipe"]["trainer"].update({"max_steps": 2, "ckpt_interval": 2, "eval_interval": 2})
     doc["arms"] = arms
     path = folder / "tiny-series.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -123,7 +123,7 @@ def test_the_series_report_shows_every_arm(built: tuple[Pipeline, str]) -> None:
     assert kl["delta_vs_base"]["accuracy"] == pytest.approx(
         kl["scores"]["accuracy"] - report["arms"]["base"]["scores"]["accuracy"]
     )
-    assert report["arms"]["smoke"]["steps"] == 2 and report["arms"]["base"]["steps"] == 4
+    assert report["arms"]["smoke"]["steps"] == 1 and report["arms"]["base"]["steps"] == 2
     assert all(arm["gpu_hours"] > 0 and arm["wall_s"] > 0 for arm in report["arms"].values())
     page = (folder / "compare.html").read_text()
     assert all(f"<td>{arm}" in page for arm in BUILT) and "data:image/png;base64," in page
