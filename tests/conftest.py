@@ -121,7 +121,7 @@ SHARED_CLUSTER_FOLDERS = ("iris", "slurm")
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to under `make test`'s two pytest-xdist workers: its module (so module
+    """The unit of work a test belongs to under `make test`'s pytest-xdist workers: its module (so module
     fixtures, such as the pipeline's one run, are made once), or its folder where that shares a cluster."""
     module = Path(nodeid.split("::", 1)[0])
     folder = module.parts[1] if len(module.parts) > 2 else ""
