@@ -388,9 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.remove_temp_dir()
     except NotRetryableError as error:
         log(f"error (not retryable): {error}")
-        done = scheduler.refuse_retry(os.environ)
-        if done:
-            log(done)
+        scheduler.refuse_retry(os.environ, log)
         return NOT_RETRYABLE_EXIT_CODE
     except RlbuildError as error:
         log(f"error: {error}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import ClassVar
@@ -106,7 +106,7 @@ class Scheduler(ABC):
         """The address this task's peers reach it at."""
         return socket.gethostbyname(socket.gethostname())
 
-    def refuse_retry(self, environ: Mapping[str, str]) -> str | None:
-        """A failure a retry would meet again: stop the scheduler from restarting this task's job. Returns what was
-        done, for the log; None where the scheduler would not restart it anyway."""
-        return None
+    def refuse_retry(self, environ: Mapping[str, str], log: Callable[[str], None]) -> None:
+        """A failure a retry would meet again: stop the scheduler from restarting this task's job, logging what is
+        done *before* doing it (stopping the job may kill this task). Nothing where it would not restart it anyway."""
+        return  # neither a local task nor a Slurm step is restarted on its own

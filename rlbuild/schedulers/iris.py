@@ -15,7 +15,7 @@ import shlex
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -132,16 +132,17 @@ class IrisScheduler(Scheduler):
     def advertise_host(self, environ: Mapping[str, str]) -> str:
         return environ.get("IRIS_ADVERTISE_HOST") or super().advertise_host(environ)
 
-    def refuse_retry(self, environ: Mapping[str, str]) -> str | None:
-        """Cancel this task's own job, so Iris does not restart the gang into the same failure."""
+    def refuse_retry(self, environ: Mapping[str, str], log: Callable[[str], None]) -> None:
+        """Cancel this task's own job, so Iris does not restart the gang into the same failure. The notice goes out
+        first: the cancel kills this task (SIGTERM), often before a line written after it could be shipped."""
         job = environ.get("IRIS_TASK_ID", "").rpartition("/")[0]
         if not self.address or not job:
-            return None
+            return
+        log(f"cancelling Iris job {job}: a retry would fail the same way")
         try:
             self.cancel(job)
         except SchedulerUnavailableError as error:
-            return f"could not cancel Iris job {job}, so Iris may retry it: {error}"
-        return f"cancelled Iris job {job}: a retry would fail the same way"
+            log(f"could not cancel Iris job {job}, so Iris may retry it: {error}")
 
 
 @dataclass(frozen=True)

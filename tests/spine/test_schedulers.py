@@ -33,7 +33,9 @@ def test_the_task_environment_says_which_scheduler_runs_this_process() -> None:
     with pytest.raises(GangTaskError, match="run the bootstrap as an Iris task or a Slurm task"):
         alone.task({})
     assert alone.job_states(["x"]) == {"x": JobState(Phase.UNKNOWN, note=local.NO_JOB)}
-    assert alone.refuse_retry({}) is None
+    said: list[str] = []
+    alone.refuse_retry({}, said.append)
+    assert said == []  # nothing would restart a local task
 
 
 @pytest.mark.parametrize(
@@ -83,10 +85,13 @@ def test_iris_without_a_controller_or_with_a_dead_one_says_why() -> None:
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"
     with pytest.raises(SchedulerUnavailableError, match=f"the Iris controller at {url} did not answer"):
         iris.IrisScheduler(url).job_states(["/u/a"])
-    refused = iris.IrisScheduler(url).refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"})
-    assert refused is not None
-    assert refused.startswith(f"could not cancel Iris job /u/a, so Iris may retry it: the Iris controller at {url}")
-    assert iris.IrisScheduler().refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}) is None  # no controller to ask
+    said: list[str] = []
+    iris.IrisScheduler(url).refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}, said.append)
+    assert said[0] == "cancelling Iris job /u/a: a retry would fail the same way"  # said before the cancel kills us
+    assert said[1].startswith(f"could not cancel Iris job /u/a, so Iris may retry it: the Iris controller at {url}")
+    assert len(said) == 2
+    iris.IrisScheduler().refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}, said.append)
+    assert len(said) == 2  # no controller to ask
 
 
 def test_status_asks_the_recorded_scheduler_and_only_an_ended_job_ends_a_train() -> None:
