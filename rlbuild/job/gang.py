@@ -365,6 +365,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # First, before anything slow: Slurm sends its wall-clock warning once, to every process of the step, and a link
+    # with a lead close to its limit gets it within seconds of starting. Its default action kills the task, so a
+    # rank still reading its launch document died of it under load instead of handing over (the chain then waited
+    # out the limit).
+    signal.signal(WARNING_SIGNAL, _warned)
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     scheduler = task_scheduler(os.environ)
     try:
@@ -377,7 +382,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.job, args.scheduler = task.job, task.scheduler
         log(f"rank {task.rank}/{args.nodes} attempt {task.attempt} of {task.job}; rendezvous {rdv.uri}")
         signal.signal(signal.SIGTERM, _terminate)  # the scheduler stopping the task: still stop Ray and keep its logs
-        signal.signal(WARNING_SIGNAL, _warned)
         try:
             if task.rank == 0:
                 return run_rank0(args, rdv, node, command)
