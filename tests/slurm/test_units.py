@@ -4,7 +4,9 @@ attempt from Slurm's variables, its ports, and the environment a job may receive
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -187,3 +189,31 @@ def test_a_slurm_job_keeps_the_experiments_env() -> None:
     removed = restrict_to_forwarded(environ, ["NCCL_P2P_DISABLE"])
     assert removed == ["GITHUB_TOKEN", "NCCL_DEBUG"]
     assert environ == {"PATH": "/bin", "NCCL_P2P_DISABLE": "1"}
+
+
+# A rank whose first slow step (reading the launch document) meets Slurm's warning: the signal arrives inside it.
+WARNED_WHILE_STARTING = """
+import os, signal, sys
+from rlbuild.core.errors import RlbuildError
+from rlbuild.job import gang
+
+def check_runtime(launch, environ):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    raise RlbuildError("the launch document said no")
+
+gang.check_runtime = check_runtime
+sys.exit(gang.main(["--nodes", "1", "--gang-id", "g", "--launch", "launch.yaml", "--", "true"]))
+"""
+
+
+def test_the_wall_clock_warning_never_kills_a_gang_task_still_starting() -> None:
+    """Slurm sends its warning once, to every process of the step, seconds after a link starts when the lead is
+    close to the limit: a rank still reading its launch document logs it and goes on (it used to die of SIGUSR1,
+    and the chain waited out its limit)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "IRIS_"))}
+    task = subprocess.run(
+        [sys.executable, "-c", WARNED_WHILE_STARTING], capture_output=True, text=True, env=environ, timeout=120
+    )
+    assert "wall-clock warning (SIGUSR1)" in task.stderr
+    assert task.returncode == 2, task.stderr  # it went on to its own error; SIGUSR1's default action gives -10
+    assert "error: the launch document said no" in task.stderr
