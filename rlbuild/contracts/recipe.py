@@ -153,8 +153,44 @@ class GeneratorSection(StrictModel):
     )
 
 
+class SandboxSection(StrictModel):
+    """Where an agent's actions run: one sandbox per episode (trainer/sandbox/). The limits bound what a model's
+    action can take from the host; an action that meets one ends its episode, with the observation saying which."""
+
+    backend: Literal["local"] = Field(
+        "local", description="local: bubblewrap on this node, one persistent shell per episode (trainer/sandbox/)"
+    )
+    command_timeout_s: float = Field(10.0, gt=0, le=3600, description="seconds one command may run")
+    episode_timeout_s: float = Field(60.0, gt=0, le=86_400, description="seconds of sandbox time per episode")
+    memory_mb: int = Field(512, ge=32, le=1_048_576, description="address space of the sandbox's processes (MiB)")
+    max_processes: int = Field(64, ge=4, le=100_000, description="processes alive in the sandbox at once")
+    max_output_bytes: int = Field(8192, ge=64, le=100_000_000, description="bytes of one command's output kept")
+    max_file_bytes: int = Field(
+        10_485_760, ge=1024, le=1 << 40, description="largest file a command in the sandbox may write (bytes)"
+    )
+
+
 class EnvironmentSection(StrictModel):
     env_class: str = Field("exact_match", min_length=1, max_length=200, description="the reward environment")
+    max_turns: int = Field(
+        1, ge=1, le=1000, description="turns of an agent episode at most (1: one completion, scored by reward())"
+    )
+    turn_stop: str = Field(
+        "\n", min_length=1, max_length=16, description="what ends an action: the engine stops the turn at it"
+    )
+    max_context_tokens: int | None = Field(
+        None,
+        ge=2,
+        le=10_000_000,
+        description="prompt + every turn's tokens at most; an episode that reaches it ends truncated. null: "
+        "max_prompt_length + max_turns x max_generate_length",
+    )
+    max_concurrency: int = Field(
+        8, ge=1, le=100_000, description="environment steps (sandbox commands) in flight at once"
+    )
+    sandbox: SandboxSection | None = Field(
+        None, description="the sandbox each episode's actions run in; null: the environment needs none"
+    )
 
 
 class Recipe(StrictModel):
