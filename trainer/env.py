@@ -1,16 +1,18 @@
-"""Reward environments, found as plug-ins: the recipe's `environment.env_class` and a `task:<name>/<split>` data
-source name one.
+"""Environments, found as plug-ins: the recipe's `environment.env_class` and a `task:<name>/<split>` data source
+name one.
 
-An environment is a class whose instances score one completion of one dataset row (`reward`); one that also
-generates `{prompt, answer}` rows (`rows(split, revision)`) is a task. A name is either an entry point of the
-group `rlbuild.environments` (a package declares it in its metadata; rlbuild's own `exact_match`, `addition` and
-`reversal` are declared in pyproject.toml) or `module:Class`. rlbuild's preflight checks the same names without
-importing anything (rlbuild/plan/environments.py).
+An environment is either a class whose instances score one completion of one dataset row (`reward`), or an agent
+environment in skyrl-gym's text convention, built per episode and played turn by turn (`init`, `step`:
+trainer/episodes.py). Either kind that also generates `{prompt, answer}` rows (`rows(split, revision)`) is a
+task. A name is either an entry point of the group `rlbuild.environments` (a package declares it in its metadata;
+rlbuild's own are declared in pyproject.toml) or `module:Class`. rlbuild's preflight checks the same names
+without importing anything (rlbuild/plan/environments.py).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,7 +29,19 @@ class Environment(Protocol):
 
 
 @runtime_checkable
-class Task(Environment, Protocol):
+class EpisodeEnvironment(Protocol):
+    """skyrl-gym's text environment, recognised by shape (skyrl-gym itself is not a dependency): built as
+    `Env(env_config, extras)` for each episode, then `init` once and `step` once per action."""
+
+    def init(self, prompt: str) -> tuple[str, dict[str, Any]]: ...
+
+    def step(self, action: str) -> Mapping[str, Any]:
+        """`{observations: [{role, content}], reward, done, metadata}` for one action."""
+        ...
+
+
+@runtime_checkable
+class Task(Protocol):
     def rows(self, split: str, revision: str) -> list[dict[str, Any]]:
         """The `{prompt, answer}` rows of `split`, reproducible from `revision`."""
         ...
@@ -37,7 +51,12 @@ class UnknownEnvironmentError(TrainerError):
     """An environment name that names no installed environment, or a class that is not one."""
 
 
-def _load_class(name: str) -> type:
+def is_episode_class(environment: type) -> bool:
+    """An agent environment: it has `init` and `step` (skyrl-gym's convention), whatever else it has."""
+    return callable(getattr(environment, "init", None)) and callable(getattr(environment, "step", None))
+
+
+def load_class(name: str) -> type:
     if ":" in name:
         module, _, attribute = name.partition(":")
         try:
@@ -56,15 +75,16 @@ def _load_class(name: str) -> type:
 
 def make(name: str) -> Environment:
     """An instance of the environment `name` (an entry point name or `module:Class`)."""
-    environment = _load_class(name)()
+    environment = load_class(name)()
     if not isinstance(environment, Environment):
         raise UnknownEnvironmentError(f"environment {name!r} has no reward(row, completion, finished) method")
     return environment
 
 
 def make_task(name: str) -> Task:
-    """An environment that generates rows (a `task:<name>/<split>` data source)."""
-    environment = make(name)
+    """An environment that generates rows (a `task:<name>/<split>` data source): a reward environment, or an agent
+    environment built without an episode (`Env()`) just to generate them."""
+    environment = load_class(name)()
     if not isinstance(environment, Task):
         raise UnknownEnvironmentError(
             f"environment {name!r} generates no rows (it has no rows(split, revision) method)"

@@ -31,6 +31,7 @@ from trainer import env as environments
 from trainer.checkpoint import CheckpointManager, Resume
 from trainer.commands import evaluate
 from trainer.env import Environment
+from trainer.episodes import EpisodePlayer, is_played
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
 from trainer.terminal import write_terminal
@@ -43,10 +44,11 @@ from trainer.workers.roles import Roles
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the driver holds: the tokenizer, the reward environment, the rows, and the weight-sync probe."""
+    """What the driver holds: the tokenizer, the reward environment (or the episode player of an agent environment:
+    trainer/episodes.py), the rows, and the weight-sync probe."""
 
     tokenizer: PreTrainedTokenizerBase
-    environment: Environment
+    environment: Environment | EpisodePlayer
     train_rows: list[dict[str, Any]]
     validation_rows: list[dict[str, Any]]
     probe: tuple[list[int], int]
@@ -161,9 +163,11 @@ def load_inputs(launch: LaunchDocument, cache_dir: Path) -> Inputs:
     kept = data.prompts_that_fit(
         train_rows, tokenizer, recipe.generator.max_prompt_length, recipe.trainer.train_batch_size
     )
+    section, env_class = recipe.environment, recipe.environment.env_class
+    played = is_played(env_class, section)
     return Inputs(
         tokenizer=tokenizer,
-        environment=environments.make(recipe.environment.env_class),
+        environment=EpisodePlayer(env_class, section, tokenizer) if played else environments.make(env_class),
         train_rows=kept,
         validation_rows=validation_rows,
         probe=data.probe_sequence(tokenizer, (validation_rows or kept)[0]),
@@ -183,6 +187,7 @@ def accuracies(launch: LaunchDocument, roles: Roles, inputs: Inputs) -> dict[str
         max_tokens=launch.recipe.generator.eval_sampling_params.max_generate_length,
         seed=launch.recipe.trainer.seed,
         env_class=launch.recipe.environment.env_class,
+        player=inputs.environment if isinstance(inputs.environment, EpisodePlayer) else None,
     )
     n = len(inputs.validation_rows)
     train_sample = inputs.train_rows[:: max(len(inputs.train_rows) // n, 1)][:n]  # spread over the whole split

@@ -24,6 +24,7 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import ELAPSED, ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.contracts.progress import Progress
 from rlbuild.core.redact import redact_text
+from trainer.episodes import episode_statistics
 from trainer.errors import TrainerError
 from trainer.sampling import Step
 from trainer.workers import grpo
@@ -82,7 +83,9 @@ def step_metrics(
     completion_tokens = float(sum(len(r.token_ids) for r in rollouts))
     train_tokens = stats["train_tokens"]
     policy = {k: v for k, v in stats.items() if k != "train_tokens" and (train_tokens > 0 or k not in PER_TOKEN)}
-    return {
+    episodes = sampled.drawn.episodes
+    played = {f"episode/{k}": v for k, v in episode_statistics(episodes).items()} if episodes is not None else {}
+    return played | {
         "reward/mean": float(rewards.mean()),
         "reward/min": float(rewards.min()),
         "reward/max": float(rewards.max()),

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from rlbuild.contracts.recipe import Recipe
 from trainer import data
 from trainer.env import Environment
+from trainer.episodes import Episode, EpisodePlayer
 from trainer.rewards import rewards as score_rollouts
 from trainer.workers import grpo
 from trainer.workers.engines import Rollout, SamplingParams
@@ -33,26 +34,41 @@ BATCH_SEED_STRIDE = 1 << 40
 
 @dataclass(frozen=True)
 class Samples:
-    """Whole GRPO groups, in order: their rows, prompt ids, completions and rewards."""
+    """Whole GRPO groups, in order: their rows, prompt ids, completions and rewards; and, where the environment is
+    an agent's, the episodes they came from (turns, how each ended: trainer/episodes.py)."""
 
     rows: list[dict[str, Any]]
     prompts: list[list[int]]
     rollouts: list[Rollout]
     rewards: torch.Tensor
+    episodes: list[Episode] | None = None
 
     def groups(self, size: int) -> list[Samples]:
         return [self._take(slice(i, i + size)) for i in range(0, len(self.rows), size)]
 
     def _take(self, rows: slice) -> Samples:
-        return Samples(self.rows[rows], self.prompts[rows], self.rollouts[rows], self.rewards[rows])
+        episodes = self.episodes[rows] if self.episodes is not None else None
+        return Samples(self.rows[rows], self.prompts[rows], self.rollouts[rows], self.rewards[rows], episodes)
 
     @staticmethod
     def concat(parts: list[Samples]) -> Samples:
+        played = all(p.episodes is not None for p in parts)
         return Samples(
             [r for p in parts for r in p.rows],
             [x for p in parts for x in p.prompts],
             [x for p in parts for x in p.rollouts],
             torch.cat([p.rewards for p in parts]),
+            [e for p in parts for e in p.episodes or []] if played else None,
+        )
+
+    @staticmethod
+    def of_episodes(episodes: list[Episode]) -> Samples:
+        return Samples(
+            [e.row for e in episodes],
+            [e.prompt_ids for e in episodes],
+            [e.rollout for e in episodes],
+            torch.tensor([e.reward for e in episodes]),
+            episodes,
         )
 
 
@@ -75,13 +91,14 @@ def rollout_seed(seed: int, step: int, batch: int) -> int:
 def sample_step(
     roles: Roles,
     tokenizer: PreTrainedTokenizerBase,
-    environment: Environment,
+    environment: Environment | EpisodePlayer,
     train_rows: list[dict[str, Any]],
     recipe: Recipe,
     step: int,
     cursor: int,
 ) -> Step:
-    """Draw, generate and score one step's groups (several sample batches under dynamic sampling)."""
+    """Draw, generate and score one step's groups (several sample batches under dynamic sampling); where the
+    environment is an agent's, each sample is an episode its player plays."""
     t, g = recipe.trainer, recipe.generator
     sampling = SamplingParams.from_recipe(g.sampling_params)
     dynamic = t.algorithm.dynamic_sampling
@@ -91,11 +108,15 @@ def sample_step(
     while len(batches) < limit and (not batches or signal < t.train_batch_size):
         rows = data.group(data.draw(train_rows, cursor, t.train_batch_size, t.seed), g.n_samples_per_prompt)
         cursor += t.train_batch_size
-        prompts = data.encode_prompts(tokenizer, rows)
-        rollouts = roles.generate(prompts, sampling, rollout_seed(t.seed, step, len(batches)))
-        rewards = torch.tensor(score_rollouts(tokenizer, environment, rows, rollouts))
-        batches.append(Samples(rows, prompts, rollouts, rewards))
-        signal += int((~grpo.uniform_groups(rewards, g.n_samples_per_prompt)).sum())
+        seed = rollout_seed(t.seed, step, len(batches))
+        if isinstance(environment, EpisodePlayer):
+            batches.append(Samples.of_episodes(environment.play(roles.generate, rows, sampling, seed)))
+        else:
+            prompts = data.encode_prompts(tokenizer, rows)
+            rollouts = roles.generate(prompts, sampling, seed)
+            rewards = torch.tensor(score_rollouts(tokenizer, environment, rows, rollouts))
+            batches.append(Samples(rows, prompts, rollouts, rewards))
+        signal += int((~grpo.uniform_groups(batches[-1].rewards, g.n_samples_per_prompt)).sum())
     drawn = Samples.concat(batches)
     if dynamic.type is None:
         return Step(drawn, drawn, cursor, 1)

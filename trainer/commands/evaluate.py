@@ -1,7 +1,9 @@
-"""Scoring: greedy accuracy and pass@k of a policy on `{prompt, answer}` rows.
+"""Scoring: greedy accuracy and pass@k of a policy on `{prompt, answer}` rows, or on agent episodes.
 
 `score` works with any generate function (a local TorchEngine, or the trainer's Ray engines), so the numbers
-the trainer logs and the numbers `python -m trainer eval` reports are computed the same way.
+the trainer logs and the numbers `python -m trainer eval` reports are computed the same way. With an episode
+player (trainer/episodes.py) a row is an episode: `accuracy` is the share of greedy episodes solved (reward >= 1),
+beside it the turn statistics, and the greedy trajectories come back under `trajectories`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rlbuild.contracts.rows import read_rows
 from rlbuild.core import storage
 from trainer import env as environments
 from trainer.data import encode_prompts
+from trainer.episodes import Episode, EpisodePlayer, episode_statistics
 from trainer.rewards import rewards
 from trainer.workers.engines import Rollout, SamplingParams, TorchEngine
 
@@ -34,16 +37,24 @@ def score(
     temperature: float = 1.0,
     seed: int = 0,
     env_class: str = "exact_match",
+    player: EpisodePlayer | None = None,
 ) -> dict[str, Any]:
     """Greedy accuracy; with k > 1 also pass@k (k samples at `temperature`, solved if any is correct)."""
-    environment = environments.make(env_class)
-    prompts = encode_prompts(tokenizer, rows)
-    greedy = rewards(tokenizer, environment, rows, generate(prompts, SamplingParams(max_tokens, 0.0), seed))
+
+    def play(rows: list[dict[str, Any]], params: SamplingParams, seed: int) -> tuple[list[float], list[Episode]]:
+        if player is not None:
+            episodes = player.play(generate, rows, params, seed)
+            return [e.reward for e in episodes], episodes
+        environment = environments.make(env_class)
+        return rewards(tokenizer, environment, rows, generate(encode_prompts(tokenizer, rows), params, seed)), []
+
+    greedy, episodes = play(rows, SamplingParams(max_tokens, 0.0), seed)
     result: dict[str, Any] = {"n": len(rows), "accuracy": sum(r >= 1.0 for r in greedy) / max(len(rows), 1)}
+    if episodes:
+        result |= episode_statistics(episodes) | {"trajectories": [e.record() for e in episodes]}
     if k > 1:
         repeated = [row for row in rows for _ in range(k)]
-        sampled = generate([p for p in prompts for _ in range(k)], SamplingParams(max_tokens, temperature), seed + 1)
-        scores = rewards(tokenizer, environment, repeated, sampled)
+        scores, _ = play(repeated, SamplingParams(max_tokens, temperature), seed + 1)
         solved = [any(s >= 1.0 for s in scores[i * k : (i + 1) * k]) for i in range(len(rows))]
         result |= {"k": k, "pass_at_k": sum(solved) / max(len(rows), 1), "temperature": temperature}
     return result

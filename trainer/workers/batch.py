@@ -18,7 +18,8 @@ Batch = dict[str, torch.Tensor]
 
 
 def build_batch(prompts: list[list[int]], rollouts: list[Rollout], pad_id: int) -> Batch:
-    """[left-padded prompt | right-padded completion] tensors for the policy workers."""
+    """[left-padded prompt | right-padded completion] tensors for the policy workers. An agent episode's observation
+    tokens are attended to but carry completion mask 0: no policy loss, KL, entropy or TIS term counts them."""
     prompt_width = max(map(len, prompts))
     completion_width = max(len(r.token_ids) for r in rollouts)
     n = len(prompts)
@@ -31,7 +32,7 @@ def build_batch(prompts: list[list[int]], rollouts: list[Rollout], pad_id: int) 
         ids[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt)
         ids[i, prompt_width : prompt_width + length] = torch.tensor(rollout.token_ids)
         attention[i, prompt_width - len(prompt) : prompt_width + length] = 1
-        mask[i, :length] = 1.0
+        mask[i, :length] = torch.tensor(rollout.sampled_mask(), dtype=mask.dtype)
         rollout_logp[i, :length] = torch.tensor(rollout.logprobs)
     return {"input_ids": ids, "attention_mask": attention, "completion_mask": mask, "rollout_logprobs": rollout_logp}
 

@@ -34,6 +34,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    # Tokens that end a turn of an agent episode besides <eos> (trainer/episodes.py): the rollout keeps them.
+    stop_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_recipe(cls, section: RecipeSampling) -> SamplingParams:
@@ -42,11 +44,18 @@ class SamplingParams:
 
 @dataclass
 class Rollout:
-    """One completion: its tokens (including the final <eos> when `finished`) and their sampling logprobs."""
+    """One completion: its tokens (including the final <eos> when `finished`, or the turn's stop token when
+    `stopped`) and their sampling logprobs. An agent episode's completion also holds the environment's observation
+    tokens, which the policy did not sample: `loss_mask` is 0 on them (None: every token was sampled)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finished: bool
+    stopped: bool = False
+    loss_mask: list[int] | None = None
+
+    def sampled_mask(self) -> list[int]:
+        return self.loss_mask if self.loss_mask is not None else [1] * len(self.token_ids)
 
 
 class InferenceEngine(Protocol):
@@ -114,6 +123,7 @@ class TorchEngine:
         next_position = positions[:, -1] + 1
         tokens, logps = [], []
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        ending = torch.tensor([self.eos_id, *params.stop_token_ids], device=self.device)
         for step in range(params.max_tokens):
             logits = logits.float()
             if params.temperature > 0:
@@ -126,7 +136,7 @@ class TorchEngine:
             token = torch.where(finished, torch.full_like(token, self.pad_id), token)
             tokens.append(token)
             logps.append(logp)
-            finished = finished | (token == self.eos_id)
+            finished = finished | torch.isin(token, ending)
             if bool(finished.all()) or step == params.max_tokens - 1:
                 break
             attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=self.device)], 1)
@@ -141,11 +151,8 @@ class TorchEngine:
             next_position = next_position + 1
         token_matrix = torch.stack(tokens, 1).cpu().tolist()
         logp_matrix = torch.stack(logps, 1).cpu().tolist()
-        rollouts = []
-        for row, row_logp in zip(token_matrix, logp_matrix, strict=True):
-            length = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
-            rollouts.append(Rollout(row[:length], row_logp[:length], self.eos_id in row[:length]))
-        return rollouts
+        stops = params.stop_token_ids
+        return [_cut(row, logp, self.eos_id, stops) for row, logp in zip(token_matrix, logp_matrix, strict=True)]
 
     @torch.no_grad()
     def load_weights(self, named_tensors: dict[str, torch.Tensor]) -> None:
@@ -168,6 +175,14 @@ class TorchEngine:
         ids = torch.tensor([token_ids], device=self.device)
         logits = self.model(input_ids=ids).logits[0, start - 1 : -1]
         return token_logprobs(logits, ids[0, start:], 1.0).cpu().tolist()
+
+
+def _cut(row: list[int], logps: list[float], eos_id: int, stops: tuple[int, ...]) -> Rollout:
+    """A sampled row up to and including its first <eos> or turn stop (the padding after it dropped)."""
+    end = next((i for i, token in enumerate(row) if token == eos_id or token in stops), None)
+    if end is None:
+        return Rollout(row, logps, False)
+    return Rollout(row[: end + 1], logps[: end + 1], row[end] == eos_id, row[end] != eos_id)
 
 
 def _vllm_open_sync(worker: Any, backend: str, master_addr: str, port: int, first_rank: int, world_size: int) -> None:
@@ -234,6 +249,7 @@ class VLLMEngine:
                 max_tokens=params.max_tokens,
                 logprobs=0,
                 seed=seed + i,
+                stop_token_ids=list(params.stop_token_ids),
             )
             for i in range(len(prompts))
         ]
@@ -243,7 +259,9 @@ class VLLMEngine:
             completion = output.outputs[0]
             ids = list(completion.token_ids)
             logps = [entry[tok].logprob for tok, entry in zip(ids, completion.logprobs or [], strict=False)]
-            rollouts.append(Rollout(ids, logps, completion.finish_reason == "stop"))
+            last = ids[-1] if ids else None
+            stopped = last is not None and last in params.stop_token_ids
+            rollouts.append(Rollout(ids, logps, completion.finish_reason == "stop" and not stopped, stopped))
         return rollouts
 
     def sync_ranks(self) -> int:

@@ -1,0 +1,302 @@
+"""Agent episodes: a policy and an environment take turns, and the whole exchange is one sample for GRPO.
+
+An episode (skyrl-gym's text convention, trainer/env.py `EpisodeEnvironment`):
+
+    env = Env(env_config, extras)        extras: the data row, `max_turns`, and `sandbox` (trainer/sandbox/)
+    prompt, _ = env.init(row["prompt"])
+    repeat: action <- the policy, until `environment.turn_stop` or <eos>
+            out = env.step(action)       {observations: [{role, content}], reward, done, metadata}
+            the observations' tokens are appended after the action, and the policy goes on from there
+
+The sample is exact tokens: the prompt's ids, then each action's sampled ids and each observation's ids, never
+re-tokenised; the observation tokens carry loss mask 0 (trainer/workers/batch.py), so no policy loss, KL, entropy or
+TIS term counts a token the policy did not sample. The reward is the sum of the steps' rewards.
+
+An episode ends when the environment says `done`, when the policy ends its action with <eos>, after `max_turns`
+actions, when the next turn has no room left in `max_context_tokens` (truncated), or when the environment raises
+(an error: reward 0, counted, never a crashed step). Every turn of every live episode is generated in one batch;
+the environment steps of a turn run `max_concurrency` at a time in threads (a sandbox command is a subprocess, so
+they overlap); a slow step holds its turn's batch for at most the sandbox's command timeout.
+
+A reward environment (`reward(row, completion, finished)`) is not played here: the trainer scores its single
+completions as it always has (trainer/sampling.py), bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from rlbuild.contracts.recipe import EnvironmentSection
+from trainer import env as environments
+from trainer.errors import TrainerError
+from trainer.workers.engines import Rollout, SamplingParams
+
+Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
+# Turn t of a batch samples with seed + t * TURN_SEED_STRIDE: apart from the per-engine and per-batch offsets.
+TURN_SEED_STRIDE = 1 << 20
+ENDINGS = ("done", "eos", "max_turns", "context", "error")
+
+
+class EpisodeSetupError(TrainerError):
+    """Settings that no episode can be played with (a turn stop the tokenizer cannot stop at, no context)."""
+
+
+@dataclass
+class Turn:
+    """One action and what the environment answered: the trajectory's unit (written beside eval results)."""
+
+    action: str
+    observation: str
+    reward: float
+    action_tokens: int
+    observation_tokens: int
+    seconds: float  # the environment's step, sandbox command included
+
+
+@dataclass
+class Episode:
+    """A played episode: its sample (prompt ids + rollout with loss mask), reward, turns and how it ended."""
+
+    row: dict[str, Any]
+    prompt_ids: list[int]
+    rollout: Rollout
+    reward: float
+    ended: str  # one of ENDINGS
+    turns: list[Turn] = field(default_factory=list)
+    error: str | None = None
+    sandbox: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.ended in ("max_turns", "context")
+
+    def record(self) -> dict[str, Any]:
+        """The trajectory as JSON: what a person reads to see what the policy did."""
+        return {
+            "prompt": self.row.get("prompt"),
+            "answer": self.row.get("answer"),
+            "turns": [vars(turn) for turn in self.turns],
+            "reward": self.reward,
+            "ended": self.ended,
+            "error": self.error,
+            "tokens": {"prompt": len(self.prompt_ids), "completion": len(self.rollout.token_ids)},
+            "sandbox": self.sandbox,
+        }
+
+
+def turn_stop_ids(tokenizer: PreTrainedTokenizerBase, turn_stop: str) -> tuple[int, ...]:
+    """Every token whose text contains `turn_stop`: a BPE vocabulary spells a newline inside many tokens."""
+    vocab = tokenizer.get_vocab()
+    ids = tuple(sorted(i for i in vocab.values() if turn_stop in tokenizer.decode([i], skip_special_tokens=True)))
+    if not ids:
+        raise EpisodeSetupError(
+            f"environment.turn_stop={turn_stop!r} is in no token of the model's tokenizer, so no turn could end; "
+            "set it to text the tokenizer has (e.g. a newline, or the closing tag the environment parses)"
+        )
+    return ids
+
+
+def context_limit(section: EnvironmentSection, tokenizer: PreTrainedTokenizerBase) -> int:
+    """`environment.max_context_tokens`, or the model's own context (its tokenizer's model_max_length)."""
+    if section.max_context_tokens is not None:
+        return section.max_context_tokens
+    limit = getattr(tokenizer, "model_max_length", None)
+    if not isinstance(limit, int) or limit > 10_000_000:  # transformers' "no limit" sentinel is ~1e30
+        raise EpisodeSetupError(
+            "environment.max_context_tokens is null and the tokenizer states no model_max_length; set "
+            "environment.max_context_tokens to the model's context length"
+        )
+    return limit
+
+
+class EpisodePlayer:
+    """Plays batches of episodes of one environment class with one tokenizer (a run's, or an eval's)."""
+
+    def __init__(self, env_class: str, section: EnvironmentSection, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.env_class = env_class
+        self.environment = environments.load_class(env_class)
+        self.section = section
+        self.tokenizer = tokenizer
+        self.stop_ids = turn_stop_ids(tokenizer, section.turn_stop)
+        self.context = context_limit(section, tokenizer)
+        self.pool = ThreadPoolExecutor(section.max_concurrency, thread_name_prefix="episode")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def play(self, generate: Generate, rows: list[dict[str, Any]], params: SamplingParams, seed: int) -> list[Episode]:
+        """One episode per row, all turns; every resource an episode opened is released before this returns."""
+        params = SamplingParams(params.max_tokens, params.temperature, params.top_p, params.top_k, self.stop_ids)
+        live = list(self.pool.map(self._start, rows))
+        try:
+            for turn in range(self.section.max_turns):
+                playing = [e for e in live if e.ended is None]
+                if not playing:
+                    break
+                rollouts = generate([e.ids for e in playing], params, seed + turn * TURN_SEED_STRIDE)
+                act = partial(_LiveEpisode.act, last_turn=turn + 1 == self.section.max_turns)
+                list(self.pool.map(act, playing, rollouts))
+        finally:
+            list(self.pool.map(_LiveEpisode.close, live))
+        return [e.result() for e in live]
+
+    def _start(self, row: dict[str, Any]) -> _LiveEpisode:
+        return _LiveEpisode.start(self, row)
+
+
+class _LiveEpisode:
+    """An episode in play: its environment, sandbox and the tokens so far."""
+
+    def __init__(self, player: EpisodePlayer, row: dict[str, Any]) -> None:
+        self.player, self.row = player, row
+        self.prompt_ids: list[int] = []
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.mask: list[int] = []
+        self.turns: list[Turn] = []
+        self.reward = 0.0
+        self.ended: str | None = None
+        self.error: str | None = None
+        self.sandbox: Any = None
+        self.env: Any = None
+        self.finished = False
+
+    @classmethod
+    def start(cls, player: EpisodePlayer, row: dict[str, Any]) -> _LiveEpisode:
+        episode = cls(player, row)
+        prompt = str(row["prompt"])
+        try:
+            spec = player.section.sandbox
+            if spec is not None:
+                from trainer.sandbox import open_sandbox
+
+                episode.sandbox = open_sandbox(spec, row.get("files") or {})
+            episode.env = _build(player.environment, row, player.section.max_turns, episode.sandbox)
+            prompt, _ = episode.env.init(prompt)
+        except Exception as error:  # an environment that cannot start is an errored episode, not a dead step
+            episode._fail("init", error)
+        episode.prompt_ids = list(player.tokenizer(prompt)["input_ids"])
+        if episode.ended is None and len(episode.prompt_ids) >= player.context:
+            episode.ended = "context"
+        return episode
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.tokens
+
+    def act(self, rollout: Rollout, last_turn: bool) -> None:
+        """Take the policy's action, step the environment, append its observation (or end the episode)."""
+        room = self.player.context - len(self.ids)
+        action_ids = rollout.token_ids[:room]
+        self._append(action_ids, rollout.logprobs[: len(action_ids)], 1)
+        self.finished = rollout.finished and len(action_ids) == len(rollout.token_ids)
+        action = self.player.tokenizer.decode(action_ids, skip_special_tokens=True)
+        started = time.perf_counter()
+        try:
+            out = self.env.step(action)
+            observation = "".join(str(m.get("content", "")) for m in out.get("observations") or [])
+            reward, done = float(out.get("reward") or 0.0), bool(out.get("done"))
+        except Exception as error:
+            self.turns.append(Turn(action, "", 0.0, len(action_ids), 0, time.perf_counter() - started))
+            self._fail("step", error)
+            return
+        seconds = time.perf_counter() - started
+        self.reward += reward
+        if done or self.finished or last_turn or len(action_ids) < len(rollout.token_ids):
+            self.ended = "done" if done else "eos" if self.finished else "max_turns" if last_turn else "context"
+            self.turns.append(Turn(action, observation, reward, len(action_ids), 0, seconds))
+            return
+        observed = list(self.player.tokenizer(observation, add_special_tokens=False)["input_ids"])
+        room = self.player.context - len(self.ids)
+        self._append(observed[:room], [0.0] * min(room, len(observed)), 0)
+        self.turns.append(Turn(action, observation, reward, len(action_ids), min(room, len(observed)), seconds))
+        if room <= len(observed):  # no room for another action
+            self.ended = "context"
+
+    def _append(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
+        self.tokens += ids
+        self.logprobs += logprobs
+        self.mask += [sampled] * len(ids)
+
+    def _fail(self, where: str, error: Exception) -> None:
+        self.ended, self.reward = "error", 0.0
+        last = traceback.extract_tb(error.__traceback__)[-1:] or [None]
+        place = f" at {last[0].filename}:{last[0].lineno}" if last[0] is not None else ""
+        self.error = f"{where}: {type(error).__name__}: {error}{place}"
+
+    def close(self) -> None:
+        for resource in (self.env, self.sandbox):
+            closer = getattr(resource, "close", None)
+            if callable(closer):
+                try:
+                    closer()
+                except Exception as error:  # a failed close must not hide the episode's result
+                    self.error = self.error or f"close: {type(error).__name__}: {error}"
+
+    def result(self) -> Episode:
+        rollout = Rollout(self.tokens, self.logprobs, self.finished, loss_mask=self.mask)
+        return Episode(
+            row=self.row,
+            prompt_ids=self.prompt_ids,
+            rollout=rollout,
+            reward=self.reward,
+            ended=self.ended or "max_turns",
+            turns=self.turns,
+            error=self.error,
+            sandbox=_timings(self.sandbox),
+        )
+
+
+def _timings(sandbox: Any) -> dict[str, Any]:
+    timings = getattr(sandbox, "timings", None)
+    if timings is None:
+        return {}
+    return dataclasses.asdict(timings) if dataclasses.is_dataclass(timings) else dict(timings)
+
+
+def _build(environment: type, row: Mapping[str, Any], max_turns: int, sandbox: Any) -> Any:
+    """An episode's environment, as skyrl-gym builds one: `Env(env_config, extras)`."""
+    env = environment({}, {**row, "max_turns": max_turns, "sandbox": sandbox})
+    if getattr(env, "max_turns", None) is None:
+        env.max_turns = max_turns
+    return env
+
+
+def is_played(env_class: str, section: EnvironmentSection) -> bool:
+    """Whether the trainer plays episodes of `env_class` (this module) rather than scoring single completions.
+
+    A reward environment is one turn without a sandbox: settings that ask for more are an error, not ignored."""
+    if environments.is_episode_class(environments.load_class(env_class)):
+        return True
+    asked = [f"max_turns={section.max_turns}"] if section.max_turns > 1 else []
+    asked += ["a sandbox"] if section.sandbox is not None else []
+    if asked:
+        raise EpisodeSetupError(
+            f"environment.env_class={env_class!r} scores one completion (reward()), but the recipe asks for "
+            f"{' and '.join(asked)}; set environment.max_turns: 1 and sandbox: null, or name an agent environment "
+            "(init/step, skyrl-gym's convention)"
+        )
+    return False
+
+
+def episode_statistics(episodes: list[Episode]) -> dict[str, float]:
+    """What a step's or an eval's episodes looked like: turns, how they ended, where their time went."""
+    n = max(len(episodes), 1)
+    stats = {
+        "turns_mean": sum(len(e.turns) for e in episodes) / n,
+        "turns_max": float(max((len(e.turns) for e in episodes), default=0)),
+        "truncated_frac": sum(e.truncated for e in episodes) / n,
+        "error_frac": sum(e.ended == "error" for e in episodes) / n,
+        "env_seconds_mean": sum(t.seconds for e in episodes for t in e.turns) / n,
+        "observation_tokens_mean": sum(t.observation_tokens for e in episodes for t in e.turns) / n,
+    }
+    return stats | {f"ended_{how}_frac": sum(e.ended == how for e in episodes) / n for how in ENDINGS}
