@@ -115,8 +115,8 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
         final = Path(manifest["hf_path"])
         train_rows = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{task}-train-*.jsonl")).open()]
         validation = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{task}-validation-*.jsonl")).open()]
-        env_class = launch.recipe.environment.env_class
-        train_accuracy = evaluate.evaluate(final, train_rows[: len(validation)], env_class=env_class)["accuracy"]
+        section = launch.recipe.environment
+        train_accuracy = evaluate.evaluate(final, train_rows[: len(validation)], environment=section)["accuracy"]
     rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
     return {
         "task": task,

@@ -1,4 +1,4 @@
-"""`python -m trainer {run, export, base-model, make-data, eval}`; errors exit non-zero with a message."""
+"""`python -m trainer {run, export, base-model, make-data, eval, episode}`; errors exit non-zero with a message."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "base-model": "trainer.tiny",
     "make-data": "trainer.tasks",
     "eval": "trainer.commands.evaluate",
+    "episode": "trainer.commands.episode",
 }
 
 

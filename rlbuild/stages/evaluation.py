@@ -1,9 +1,11 @@
 """The eval stage: score an exported policy on the validation set and draw its training curves.
 
 Writes, into the eval directory: `results.json` (scores plus a summary of training, with its warnings),
-`results.html` (the same as a table, for the Snakemake report) and `curves.png` (reward, held-out accuracy,
-KL, entropy, response length and groups without signal, per step). The scoring itself is the trainer's
-(`python -m trainer eval`); the training curves are the run's metrics stream (rlbuild/contracts/metricstream.py).
+`results.html` (the same as a table, for the Snakemake report), `curves.png` (reward, held-out accuracy,
+KL, entropy, response length and groups without signal, per step) and, where the environment is an agent's,
+`trajectories.jsonl` (each greedy episode's turns, actions, observations, reward and timings). The scoring
+itself is the trainer's (`python -m trainer eval`); the training curves are the run's metrics stream
+(rlbuild/contracts/metricstream.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rlbuild.core.errors import RlbuildError
 RESULTS = "results.json"
 TABLE = "results.html"
 CURVES = "curves.png"
+TRAJECTORIES = "trajectories.jsonl"
 SCORES = ("accuracy", "pass_at_k")
 # Train accuracy this far above held-out accuracy is memorisation, not learning (the eval results warn).
 MEMORISATION_GAP = 0.3
@@ -218,19 +221,21 @@ def _table_html(results: Mapping[str, Any]) -> str:
 
 def score_with_trainer(
     model_dir: Path, validation_files: Sequence[Path], launch: LaunchDocument, k: int
-) -> dict[str, Any]:
-    """Greedy accuracy and pass@k from the trainer's own scorer (its command line: rlbuild never imports it)."""
+) -> tuple[dict[str, Any], str]:
+    """Greedy accuracy and pass@k from the trainer's own scorer (its command line: rlbuild never imports it), and
+    the greedy episodes' trajectories as JSONL where the environment is an agent's (else "")."""
     recipe = launch.recipe
     with tempfile.TemporaryDirectory(prefix="rlbuild-eval-") as tmp:
-        out = Path(tmp) / "scores.json"
+        out, trajectories = Path(tmp) / "scores.json", Path(tmp) / TRAJECTORIES
         command = [sys.executable, "-m", "trainer", "eval", "--model", str(model_dir), "--out", str(out)]
-        command += ["--k", str(k), "--seed", str(launch.run.seed), "--env-class", recipe.environment.env_class]
+        command += ["--k", str(k), "--seed", str(launch.run.seed)]
+        command += ["--environment", recipe.environment.model_dump_json(), "--trajectories", str(trajectories)]
         command += ["--max-tokens", str(recipe.generator.eval_sampling_params.max_generate_length)]
         command += ["--data", *map(str, validation_files)]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode:
             raise EvalError(f"scoring {model_dir} failed:\n{result.stderr.strip()[-3000:]}")
-        return json.loads(out.read_text())
+        return json.loads(out.read_text()), trajectories.read_text() if trajectories.exists() else ""
 
 
 def run_eval(
@@ -247,7 +252,7 @@ def run_eval(
         raise EvalError(f"k={k}: pass@k needs k >= 2 sampled answers per prompt; pass --k 2 or more")
     rows = read_rows(validation_files)
     verify_local(Path(model_dir))  # the export's manifest: a changed file is corruption, never a score
-    scored = score_with_trainer(Path(model_dir) / EXPORT_MODEL, validation_files, launch, k)
+    scored, trajectories = score_with_trainer(Path(model_dir) / EXPORT_MODEL, validation_files, launch, k)
     seed = launch.run.seed
     artifacts = launch.artifacts
     records, unreadable = read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)
@@ -259,11 +264,15 @@ def run_eval(
         "seed": seed,
         "validation_files": [Path(p).name for p in validation_files],
         # How the scores were sampled (temperature, greedy/sampled counts, ...), as the scorer reports it.
-        "samples": {key: value for key, value in scored.items() if key not in SCORES},
+        "samples": {key: value for key, value in scored.items() if key not in (*SCORES, "episodes")},
         "training": training_summary(records, unreadable, launch.recipe.trainer.zero_reward_warning_steps),
     }
+    if "episodes" in scored:  # an agent's: how the greedy episodes went (turns, endings, environment time)
+        results["episodes"] = scored["episodes"]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if trajectories:
+        storage.write_text(str(out_dir / TRAJECTORIES), trajectories)
     storage.write_text(str(out_dir / RESULTS), json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
     storage.write_text(str(out_dir / TABLE), _table_html(results))
     title = f"accuracy {results['accuracy']:.3f}, pass@{k} {results['pass_at_k']:.3f} on {len(rows)} prompts"

@@ -16,11 +16,12 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from rlbuild.contracts.recipe import EnvironmentSection
 from rlbuild.contracts.rows import read_rows
 from rlbuild.core import storage
 from trainer import env as environments
 from trainer.data import encode_prompts
-from trainer.episodes import Episode, EpisodePlayer, episode_statistics
+from trainer.episodes import Episode, EpisodePlayer, episode_statistics, is_played
 from trainer.rewards import rewards
 from trainer.workers.engines import Rollout, SamplingParams, TorchEngine
 
@@ -51,7 +52,7 @@ def score(
     greedy, episodes = play(rows, SamplingParams(max_tokens, 0.0), seed)
     result: dict[str, Any] = {"n": len(rows), "accuracy": sum(r >= 1.0 for r in greedy) / max(len(rows), 1)}
     if episodes:
-        result |= episode_statistics(episodes) | {"trajectories": [e.record() for e in episodes]}
+        result |= {"episodes": episode_statistics(episodes), "trajectories": [e.record() for e in episodes]}
     if k > 1:
         repeated = [row for row in rows for _ in range(k)]
         scores, _ = play(repeated, SamplingParams(max_tokens, temperature), seed + 1)
@@ -68,21 +69,30 @@ def evaluate(
     max_tokens: int = 4,
     temperature: float = 1.0,
     seed: int = 0,
-    env_class: str = "exact_match",
+    environment: EnvironmentSection | None = None,
 ) -> dict[str, Any]:
-    """Score the HF model folder `model_dir` on `rows` with a local torch engine."""
+    """Score the HF model folder `model_dir` on `rows` with a local torch engine, playing episodes where the
+    environment (the recipe's section) is an agent's."""
+    environment = environment or EnvironmentSection()
     engine = TorchEngine(Path(model_dir))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return score(
-        engine.generate,
-        tokenizer,
-        rows,
-        max_tokens=max_tokens,
-        k=k,
-        temperature=temperature,
-        seed=seed,
-        env_class=env_class,
-    )
+    env_class = environment.env_class
+    player = EpisodePlayer(env_class, environment, tokenizer) if is_played(env_class, environment) else None
+    try:
+        return score(
+            engine.generate,
+            tokenizer,
+            rows,
+            max_tokens=max_tokens,
+            k=k,
+            temperature=temperature,
+            seed=seed,
+            env_class=env_class,
+            player=player,
+        )
+    finally:
+        if player is not None:
+            player.close()
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -93,13 +103,21 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--env-class", default="exact_match", help="the reward environment that scores answers")
+    parser.add_argument("--env-class", help="the reward environment that scores answers (default exact_match)")
+    parser.add_argument(
+        "--environment", type=json.loads, help="the recipe's whole `environment` section as JSON (agent episodes)"
+    )
+    parser.add_argument("--trajectories", help="where the greedy episodes go, one JSON object a line")
 
     def run(args: argparse.Namespace) -> int:
+        section = EnvironmentSection.model_validate(args.environment or {})
+        if args.env_class:
+            section = section.model_copy(update={"env_class": args.env_class})
         rows = [row for path in args.data for row in read_rows(path)]
-        result = evaluate(
-            args.model, rows, args.k, max_tokens=args.max_tokens, seed=args.seed, env_class=args.env_class
-        )
+        result = evaluate(args.model, rows, args.k, max_tokens=args.max_tokens, seed=args.seed, environment=section)
+        trajectories = result.pop("trajectories", None)
+        if trajectories is not None and args.trajectories:
+            storage.write_text(args.trajectories, "".join(json.dumps(t) + "\n" for t in trajectories))
         storage.write_json(str(args.out), result)
         print(json.dumps(result))
         return 0
