@@ -1,0 +1,208 @@
+"""The local sandbox (trainer/sandbox/local.py) on real bubblewrap: the shell an episode keeps, and one test per
+kind of hostile action, each checking what the observation says, how long the episode took, and that the host is
+as it was."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rlbuild.contracts.recipe import SandboxSection
+from trainer.sandbox import Sandbox, SandboxError, open_sandbox
+from trainer.sandbox.local import LocalSandbox
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = SandboxSection(
+    command_timeout_s=1.0,
+    episode_timeout_s=30.0,
+    memory_mb=256,
+    max_processes=16,
+    max_output_bytes=4096,
+    max_file_bytes=4096,
+)
+SLACK_S = 1.0  # what a loaded machine may add to a deadline before the episode has ended
+
+
+@pytest.fixture
+def sandbox() -> Iterator[LocalSandbox]:
+    with open_sandbox(SPEC, {}) as opened:
+        assert isinstance(opened, LocalSandbox)
+        yield opened
+
+
+def _alive_in(namespace: str) -> list[int]:
+    """Host pids of the processes still running in a PID namespace (a zombie waits for the host's init only)."""
+    pids = []
+    for link in glob.glob("/proc/[0-9]*/ns/pid"):
+        pid = int(link.split("/")[2])
+        try:
+            if os.readlink(link) == namespace and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                pids.append(pid)
+        except (OSError, psutil.NoSuchProcess):
+            continue  # gone while listed
+    return pids
+
+
+def _ended_within(sandbox: Sandbox, command: str, bound_s: float) -> str:
+    """Run a command that must end the episode; its note."""
+    began = time.monotonic()
+    result = sandbox.run(command)
+    assert result.ended and result.exit_code is None, result
+    assert time.monotonic() - began < bound_s + SLACK_S
+    assert sandbox.run("echo again").ended
+    return result.note
+
+
+def test_one_shell_keeps_its_directory_and_variables(sandbox: LocalSandbox) -> None:
+    assert sandbox.run("mkdir -p a/b && cd a/b && X=kept").exit_code == 0
+    result = sandbox.run('pwd; echo "$X"; echo err >&2; false')
+    assert (result.output, result.exit_code, result.note, result.ended) == ("/work/a/b\nkept\nerr\n", 1, "", False)
+    assert sandbox.timings.commands == 2 and 0 < sandbox.timings.command_s < 2 * SPEC.command_timeout_s
+    assert sandbox.timings.start_s > 0
+
+
+def test_a_command_fails_alone_on_a_syntax_error_or_reading_stdin(sandbox: LocalSandbox) -> None:
+    """A command is one quoted word of `command eval`: an unclosed quote is its own syntax error, not the start of
+    a string swallowing the next line; its stdin is /dev/null, so `cat` ends at once; several lines are one
+    command."""
+    unclosed = sandbox.run("echo 'abc")
+    assert unclosed.exit_code == 2 and "Unterminated quoted string" in unclosed.output
+    assert sandbox.run("cat").exit_code == 0
+    assert sandbox.run("echo 'two\nlines'\necho third").output == "two\nlines\nthird\n"
+
+
+def test_the_episode_files_are_there_writable_and_removed_on_close() -> None:
+    with open_sandbox(SPEC, {"k1": "one\n", "sub/dir/data.bin": b"\x00\x01"}) as sandbox:
+        assert isinstance(sandbox, LocalSandbox)
+        assert sandbox.run("cat k1; wc -c < sub/dir/data.bin").output == "one\n2\n"
+        assert sandbox.run("echo two >> k1 && touch sub/new").exit_code == 0
+        assert (sandbox.folder / "k1").read_text() == "one\ntwo\n"
+    assert not sandbox.folder.exists()
+    sandbox.close()  # again: nothing to do
+
+
+@pytest.mark.parametrize("name", ["/etc/cron.d/x", "../x", "a/../../x", ""])
+def test_a_file_outside_the_episode_folder_is_refused(name: str) -> None:
+    with pytest.raises(SandboxError, match="relative to the episode's working folder"):
+        open_sandbox(SPEC, {name: "x"})
+
+
+def test_host_files_are_not_visible(sandbox: LocalSandbox) -> None:
+    for command in ("cat /etc/passwd", "ls /root", "ls /home", f"ls {REPO}", "ls /work/main"):
+        result = sandbox.run(command)
+        assert result.exit_code != 0 and "No such file or directory" in result.output, (command, result)
+    # /proc is the sandbox's own: its pid 1 is bwrap's init, whose environment is empty.
+    assert sandbox.run("cat /proc/1/environ").output == ""
+    assert sandbox.run("ls /").output.split() == ["bin", "dev", "lib", "lib64", "proc", "tmp", "usr", "work"]
+
+
+def test_writes_outside_the_episode_folder_fail_or_stay_inside(sandbox: LocalSandbox) -> None:
+    probe = f"rlbuild-sandbox-probe-{os.getpid()}"
+    touched = sandbox.run(f"touch /usr/{probe}")
+    assert touched.exit_code != 0 and "Read-only file system" in touched.output
+    assert sandbox.run(f"echo x > /tmp/{probe} && cat /tmp/{probe}").output == "x\n"
+    assert sandbox.run(f"mkdir -p {REPO} && echo x > {REPO}/{probe}").exit_code == 0  # inside /work: the folder's
+    assert not Path("/usr", probe).exists() and not Path("/tmp", probe).exists() and not (REPO / probe).exists()
+    assert (sandbox.folder / REPO.relative_to("/work") / probe).is_file()
+
+
+def test_a_file_past_max_file_bytes_is_cut(sandbox: LocalSandbox) -> None:
+    result = sandbox.run("head -c 100000 /dev/zero > big")
+    assert result.exit_code != 0 and "File size limit exceeded" in result.output
+    assert (sandbox.folder / "big").stat().st_size == SPEC.max_file_bytes
+    assert sandbox.run("echo alive").output == "alive\n"
+
+
+def test_the_network_is_unreachable(sandbox: LocalSandbox) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        connect = "python3 -c 'import socket; socket.create_connection((\"{}\", {}), timeout=1)'"
+        loopback = sandbox.run(connect.format("127.0.0.1", port))
+        assert loopback.exit_code == 1 and "ConnectionRefusedError" in loopback.output
+        outside = sandbox.run(connect.format("1.1.1.1", 53))
+        assert outside.exit_code == 1 and "Network is unreachable" in outside.output
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing came
+
+
+def test_the_process_cap_binds_and_a_fork_bomb_is_contained(sandbox: LocalSandbox) -> None:
+    namespace = os.readlink(f"/proc/{sandbox.init_pid}/ns/pid")
+    spawner = """python3 - <<'END'
+import subprocess
+started = []
+try:
+    for _ in range(200):
+        started.append(subprocess.Popen(["sleep", "5"]))
+except OSError as error:
+    print(len(started), error.strerror)
+for sleeper in started:
+    sleeper.kill()
+    sleeper.wait()
+END"""
+    # The init, the shell and python count too: 13 sleeps fill 16.
+    assert sandbox.run(spawner).output == f"{SPEC.max_processes - 3} Resource temporarily unavailable\n"
+    before = len(psutil.pids())
+    began = time.monotonic()
+    assert sandbox.run("bomb() { bomb | bomb & }; bomb").exit_code == 0
+    time.sleep(0.5)
+    assert len(_alive_in(namespace)) <= SPEC.max_processes
+    alive = sandbox.run("echo alive")  # a builtin: the shell answers, under the bomb's "Cannot fork" lines
+    assert alive.exit_code == 0 and not alive.ended
+    sandbox.close()
+    assert _alive_in(namespace) == [] and time.monotonic() - began < 0.5 + SLACK_S
+    assert len(psutil.pids()) < before + SPEC.max_processes
+
+
+def test_endless_output_is_cut_and_ends_at_the_command_timeout(sandbox: LocalSandbox) -> None:
+    rss = psutil.Process().memory_info().rss
+    began = time.monotonic()
+    result = sandbox.run("yes")
+    assert time.monotonic() - began < SPEC.command_timeout_s + SLACK_S
+    assert result.ended and result.output == "y\n" * (SPEC.max_output_bytes // 2)
+    assert result.note == "output cut at 4096 bytes; the command ran past its 1 s limit; the sandbox was stopped"
+    assert psutil.Process().memory_info().rss - rss < 50 << 20
+
+
+def test_a_command_sleeping_forever_ends_at_the_command_timeout(sandbox: LocalSandbox) -> None:
+    note = _ended_within(sandbox, "sleep 1000", SPEC.command_timeout_s)
+    assert note == "the command ran past its 1 s limit; the sandbox was stopped"
+
+
+def test_the_episode_time_limit_counts_over_commands() -> None:
+    spec = SPEC.model_copy(update={"episode_timeout_s": 1.5})
+    with open_sandbox(spec, {}) as sandbox:
+        began = time.monotonic()
+        assert sandbox.run("sleep 0.6").exit_code == 0 and sandbox.run("sleep 0.6").exit_code == 0
+        note = _ended_within(sandbox, "sleep 0.6", 0.3)
+        assert note == "the episode's 1.5 s of sandbox time are used up; the sandbox was stopped"
+        assert time.monotonic() - began < spec.episode_timeout_s + SLACK_S
+
+
+def test_memory_past_the_limit_fails_inside_and_the_sandbox_lives_on() -> None:
+    with open_sandbox(SPEC.model_copy(update={"memory_mb": 128}), {}) as sandbox:
+        result = sandbox.run('python3 -c "x = bytearray(2**30)"')
+        assert result.exit_code == 1 and "MemoryError" in result.output and not result.ended
+        assert sandbox.run("echo alive").output == "alive\n"
+
+
+def test_the_host_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rlbuild-fake-secret")
+    with open_sandbox(SPEC, {}) as sandbox:
+        names = sorted(line.split("=")[0] for line in sandbox.run("env").output.splitlines())
+        environs = sandbox.run("cat /proc/1/environ /proc/self/environ").output
+    assert names == ["HOME", "PATH", "PWD"]
+    assert "rlbuild-fake-secret" not in environs and "AWS_" not in environs
+
+
+def test_a_shell_that_exits_ends_the_episode(sandbox: LocalSandbox) -> None:
+    namespace = os.readlink(f"/proc/{sandbox.init_pid}/ns/pid")
+    assert _ended_within(sandbox, "sleep 100 & exit 3", 0.5) == "the sandbox's shell exited (code 3)"
+    assert _alive_in(namespace) == []

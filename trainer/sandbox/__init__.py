@@ -1,0 +1,80 @@
+"""The sandbox seam: where an agent episode's commands run. A model's actions are untrusted input, so each episode
+gets a sandbox of its own, opened with the episode's files and closed (processes and folder gone) at its end.
+
+Backends live in modules of their own, imported only when a recipe names them (`environment.sandbox.backend`), so
+a run without agent episodes never loads one."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+from typing import Protocol, Self
+
+from rlbuild.contracts.recipe import SandboxSection
+from trainer.errors import TrainerError
+
+BACKENDS: dict[str, str] = {"local": "trainer.sandbox.local"}
+
+
+class SandboxError(TrainerError):
+    """A sandbox that cannot be set up (no bwrap, no user namespaces, a bad file path); an action that fails inside
+    a sandbox is not one: its observation says what happened."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    output: str  # stdout and stderr interleaved, as the command wrote them, cut to max_output_bytes
+    exit_code: int | None  # None: the command did not finish
+    seconds: float
+    note: str = ""  # a sentence for the observation when something other than a plain finish happened
+    ended: bool = False  # the sandbox is gone: the episode must end
+
+
+@dataclass
+class SandboxTimings:
+    start_s: float = 0.0  # opening, until the shell answers
+    commands: int = 0
+    command_s: float = 0.0  # all commands together: what the episode's time limit counts
+
+
+class Sandbox(Protocol):
+    timings: SandboxTimings
+
+    def run(self, command: str) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None: ...
+
+
+def open_sandbox(spec: SandboxSection, files: Mapping[str, str | bytes]) -> Sandbox:
+    """A started sandbox whose working folder holds `files` (paths relative to it); the backend owns the folder
+    from then on and removes it on close."""
+    folder = Path(tempfile.mkdtemp(prefix="rlbuild-sandbox-"))
+    try:
+        for name, content in files.items():
+            path = folder / _relative(name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        backend = importlib.import_module(BACKENDS[spec.backend])
+        return backend.start(spec, folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _relative(name: str) -> PurePosixPath:
+    """An episode's file may land only inside its own folder."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise SandboxError(f"sandbox file {name!r}: give a path relative to the episode's working folder, without '..'")
+    return path

