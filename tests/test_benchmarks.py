@@ -93,3 +93,22 @@ def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
 def test_fsdp_cpu_benchmark_prints_its_ratios() -> None:
     out = _bench("benchmarks/fsdp_cpu.py", "--steps", "5")  # the first 3 steps are warm-up
     assert "FSDP2" in out
+
+
+def test_agent_rollout_measures_both_sandbox_designs() -> None:
+    """A few episodes each way (the benchmark first checks both sides give the same outputs)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from agent_rollout import measure_sandbox
+
+    row = measure_sandbox(episodes=3)
+    assert set(row) == {
+        "open_s",
+        "command_s",
+        "close_s",
+        "episode_s",
+        "fresh_command_s",
+        "fresh_episode_s",
+        "command_ratio",
+        "episode_ratio",
+    }
+    assert all(value > 0 for value in row.values())
