@@ -3,6 +3,9 @@ truncation, environments that fail, and an environment written to skyrl-gym's co
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +220,35 @@ def test_a_skyrl_convention_environment_plays_on_the_torch_engine(tmp_path: Path
         assert observed == _ids("no.") * (len(episode.turns) - 1)
         actions = [t for t, m in zip(ids, mask, strict=True) if m]
         assert actions.count(stop) == sum(t.action.endswith(".") for t in episode.turns)
+
+
+def test_the_replay_command_plays_a_file_of_actions_through_the_launch_environment(tmp_path: Path) -> None:
+    from rlbuild.contracts.launch import load_launch
+    from rlbuild.contracts.rows import read_rows
+    from rlbuild.dev.launches import write_test_launch
+
+    environment = {"env_class": SKYRL, "max_turns": 3, "turn_stop": ".", "max_context_tokens": 48}
+    launch = write_test_launch(tmp_path, recipe={"environment": environment})
+    uri = load_launch(str(launch)).inputs.validation_data[0].uri
+    row = next(read_rows(Path(uri)))
+    wrong = str(int(row["answer"]) + 1)
+    actions = tmp_path / "actions.txt"
+    actions.write_text(f"{wrong}\n{row['answer']}.\n")
+    command = [sys.executable, "-m", "trainer", "episode", "--launch", str(launch), "--row", "0"]
+    result = subprocess.run([*command, "--actions", str(actions), "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    replayed = json.loads(result.stdout)
+    assert replayed["turns"] == [
+        {"action": f"{wrong}.", "observation": "no."},  # the turn stop is added where a line lacks it
+        {"action": f"{row['answer']}.", "observation": ""},
+    ]
+    assert (replayed["reward"], replayed["done"], replayed["ended"]) == (1.0, True, "done")
+    assert 0 < replayed["seconds"] < 30
+    readable = subprocess.run([*command, "--actions", str(actions)], capture_output=True, text=True)
+    assert readable.returncode == 0 and f"[1] $ {wrong}.\nno.\n" in readable.stdout
+    assert "reward 1; ended: done" in readable.stdout
+    actions.write_text(f"{wrong}\n")  # the episode wants a second action
+    short = subprocess.run([*command, "--actions", str(actions)], capture_output=True, text=True)
+    assert short.returncode == 2 and "not over after the file's 1 actions" in short.stderr
+    out_of_range = subprocess.run([*command[:-1], "99", "--actions", str(actions)], capture_output=True, text=True)
+    assert out_of_range.returncode == 2 and "--row 99 is not a row of the validation split" in out_of_range.stderr
