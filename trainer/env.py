@@ -3,7 +3,7 @@ name one.
 
 An environment is either a class whose instances score one completion of one dataset row (`reward`), or an agent
 environment in skyrl-gym's text convention, built per episode and played turn by turn (`init`, `step`:
-trainer/episodes.py). Either kind that also generates `{prompt, answer}` rows (`rows(split, revision)`) is a
+trainer/agents/episodes.py). Either kind that also generates `{prompt, answer}` rows (`rows(split, revision)`) is a
 task. A name is either an entry point of the group `rlbuild.environments` (a package declares it in its metadata;
 rlbuild's own are declared in pyproject.toml) or `module:Class`. rlbuild's preflight checks the same names
 without importing anything (rlbuild/plan/environments.py).

@@ -28,10 +28,10 @@ from rlbuild.contracts.metricstream import read_run_metrics, write_run_metrics
 from rlbuild.core import storage
 from trainer import continuation, data, sampling
 from trainer import env as environments
+from trainer.agents.episodes import EpisodePlayer, is_played
 from trainer.checkpoint import CheckpointManager, Resume
 from trainer.commands import evaluate
 from trainer.env import Environment
-from trainer.episodes import EpisodePlayer, is_played
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
 from trainer.terminal import write_terminal
@@ -45,7 +45,7 @@ from trainer.workers.roles import Roles
 @dataclass(frozen=True)
 class Inputs:
     """What the driver holds: the tokenizer, the reward environment (or the episode player of an agent environment:
-    trainer/episodes.py), the rows, and the weight-sync probe."""
+    trainer/agents/episodes.py), the rows, and the weight-sync probe."""
 
     tokenizer: PreTrainedTokenizerBase
     environment: Environment | EpisodePlayer

@@ -24,7 +24,7 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import ELAPSED, ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.contracts.progress import Progress
 from rlbuild.core.redact import redact_text
-from trainer.episodes import episode_statistics
+from trainer.agents.episodes import episode_statistics
 from trainer.errors import TrainerError
 from trainer.sampling import Step
 from trainer.workers import grpo

@@ -21,8 +21,8 @@ from transformers import PreTrainedTokenizerBase
 
 from rlbuild.contracts.recipe import Recipe
 from trainer import data
+from trainer.agents.episodes import Episode, EpisodePlayer
 from trainer.env import Environment
-from trainer.episodes import Episode, EpisodePlayer
 from trainer.rewards import rewards as score_rollouts
 from trainer.workers import grpo
 from trainer.workers.engines import Rollout, SamplingParams
@@ -35,7 +35,7 @@ BATCH_SEED_STRIDE = 1 << 40
 @dataclass(frozen=True)
 class Samples:
     """Whole GRPO groups, in order: their rows, prompt ids, completions and rewards; and, where the environment is
-    an agent's, the episodes they came from (turns, how each ended: trainer/episodes.py)."""
+    an agent's, the episodes they came from (turns, how each ended: trainer/agents/episodes.py)."""
 
     rows: list[dict[str, Any]]
     prompts: list[list[int]]

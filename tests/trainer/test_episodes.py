@@ -1,5 +1,5 @@
-"""Agent episodes (trainer/episodes.py): exact tokens turn by turn, observation tokens masked from every loss term,
-truncation, environments that fail, and an environment written to skyrl-gym's convention played unchanged."""
+"""Agent episodes (trainer/agents/episodes.py): exact tokens turn by turn, observation tokens masked from every loss
+term, truncation, environments that fail, and an environment written to skyrl-gym's convention played unchanged."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from rlbuild.contracts.recipe import EnvironmentSection, Recipe
 from tests.trainer.skyrl_convention import RetryAddition
 from trainer import tiny
-from trainer.episodes import EpisodePlayer, EpisodeSetupError, episode_statistics, is_played, turn_stop_ids
+from trainer.agents.episodes import EpisodePlayer, EpisodeSetupError, episode_statistics, is_played, turn_stop_ids
 from trainer.workers import grpo
 from trainer.workers.batch import update_batch
 from trainer.workers.engines import Rollout, SamplingParams, TorchEngine

@@ -3,7 +3,7 @@ document trains with, and print what each action got back.
 
 The debugging tool of agent training: when a trajectory looks wrong, replay its actions (or your own) against the
 same row, environment class, limits and sandbox, and see each observation, the reward and the time taken. The
-actions go through the same episode player the trainer uses (trainer/episodes.py), as if a policy had typed them:
+actions go through the same episode player the trainer uses (trainer/agents/episodes.py), as if a policy had typed them:
 each is tokenised with the launch's tokenizer, ended with the turn stop when it lacks one, and cut where the
 policy's would be (tokens per turn, context).
 """
@@ -22,7 +22,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rlbuild.contracts.launch import load_launch
 from rlbuild.contracts.manifest import materialise
 from trainer import data
-from trainer.episodes import Episode, EpisodePlayer, is_played
+from trainer.agents.episodes import Episode, EpisodePlayer, is_played
 from trainer.errors import TrainerError
 from trainer.workers.engines import Rollout, SamplingParams
 

@@ -2,8 +2,8 @@
 
 `score` works with any generate function (a local TorchEngine, or the trainer's Ray engines), so the numbers
 the trainer logs and the numbers `python -m trainer eval` reports are computed the same way. With an episode
-player (trainer/episodes.py) a row is an episode: `accuracy` is the share of greedy episodes solved (reward >= 1),
-beside it the turn statistics, and the greedy trajectories come back under `trajectories`.
+player (trainer/agents/episodes.py) a row is an episode: `accuracy` is the share of greedy episodes solved
+(reward >= 1), beside it the turn statistics, and the greedy trajectories come back under `trajectories`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from rlbuild.contracts.recipe import EnvironmentSection
 from rlbuild.contracts.rows import read_rows
 from rlbuild.core import storage
 from trainer import env as environments
+from trainer.agents.episodes import Episode, EpisodePlayer, episode_statistics, is_played
 from trainer.data import encode_prompts
-from trainer.episodes import Episode, EpisodePlayer, episode_statistics, is_played
 from trainer.rewards import rewards
 from trainer.workers.engines import Rollout, SamplingParams, TorchEngine
 

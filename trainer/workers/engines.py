@@ -34,7 +34,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    # Tokens that end a turn of an agent episode besides <eos> (trainer/episodes.py): the rollout keeps them.
+    # Tokens that end a turn of an agent episode besides <eos> (trainer/agents/episodes.py): the rollout keeps them.
     stop_token_ids: tuple[int, ...] = ()
 
     @classmethod
