@@ -249,11 +249,13 @@ def cmd_base_model(args: argparse.Namespace) -> int:
     from rlbuild.stages.basemodel import build_or_copy, cache_folder
 
     plan = _plan(args)
-    seed = plan.records["base_model"]["fields"]["seed"]
+    fields = plan.records["base_model"]["fields"]
+    seed, variant = fields["seed"], fields["revision"]
     code = build_or_copy(
         Path(args.out),
         seed,
-        lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed)),
+        variant,
+        lambda out: _trainer("base-model", "--out", str(out), "--seed", str(seed), "--variant", variant),
         cache_folder(),
     )
     if code == 0:

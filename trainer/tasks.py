@@ -40,8 +40,9 @@ def revision_seed(revision: str) -> int:
     return int(hashlib.sha256(revision.encode()).hexdigest()[:8], 16)
 
 
-def split_rows(rows: list[dict[str, str]], split: str, revision: str) -> list[dict[str, str]]:
-    """The rows of `split`: the two splits are disjoint and together cover every row, chosen by the revision."""
+def split_rows[T](rows: list[T], split: str, revision: str) -> list[T]:
+    """The rows of `split`: the two splits are disjoint and together cover every row, chosen by the revision (rows
+    or anything a task draws its rows from: find_key splits its file names and values so)."""
     order = list(range(len(rows)))
     random.Random(revision_seed(revision)).shuffle(order)
     n_val = round(len(rows) * VALIDATION_FRACTION)

@@ -23,8 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # tests/test_structure.py holds these folders to importing only each other (and third-party packages).
 RUNTIME_FOLDERS = ("trainer", "rlbuild/core", "rlbuild/contracts", "rlbuild/job", "rlbuild/schedulers")
 LOCK_FILE = "uv.lock"
-# Files the runtime reads besides code: the tiny model's architecture (rlbuild/contracts/tinymodel.py).
-DATA_FILES = ("rlbuild/contracts/tiny_model.json",)
+# Files the runtime reads besides code: the tiny models' architectures (rlbuild/contracts/tinymodel.py).
+DATA_FILES = ("rlbuild/contracts/tiny_model.json", "rlbuild/contracts/tiny_agent_model.json")
 
 
 def _without_docstrings(tree: ast.Module) -> ast.Module:

@@ -23,6 +23,7 @@ import yaml
 
 from rlbuild.contracts.launch import dump_launch
 from rlbuild.contracts.sources import parse_source
+from rlbuild.contracts.tinymodel import DEFAULT_VARIANT
 from rlbuild.core import storage
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
@@ -73,10 +74,10 @@ def base_model_dir(seed: int = 0) -> Path:
         _trainer("base-model", "--out", str(out), "--seed", str(seed))
         return 0
 
-    kept = folder / cache_key(seed)
+    kept = folder / cache_key(seed, DEFAULT_VARIANT)
     if not kept.is_dir():
         with tempfile.TemporaryDirectory(prefix="rlbuild-base-model-") as scratch:
-            build_or_copy(Path(scratch) / "model", seed, build, folder)
+            build_or_copy(Path(scratch) / "model", seed, DEFAULT_VARIANT, build, folder)
     return kept
 
 

@@ -1,9 +1,10 @@
 """What the model can hold, checked before any job: its config read from its source while the graph is built, and
 the staged tokenizer against the staged data when the launch is resolved.
 
-The config comes from the tiny model's architecture (`artifact:base_model`), a `local:` folder's config.json, or a
-pinned Hugging Face revision: the local HF cache first, else one download of config.json only (a short timeout,
-no retries; unreachable means "not known yet", and the staged model's config is checked instead).
+The config comes from the tiny model's architecture (`artifact:base_model`: the variant its revision label names),
+a `local:` folder's config.json, or a pinned Hugging Face revision: the local HF cache first, else one download of
+config.json only (a short timeout, no retries; unreachable means "not known yet", and the staged model's config is
+checked instead).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from typing import Any
 
 from rlbuild.contracts.recipe import Recipe
 from rlbuild.contracts.sources import SourceError, parse_source
-from rlbuild.contracts.tinymodel import TINY_MODEL_FILE, tiny_model_config
+from rlbuild.contracts.tinymodel import VARIANT_FILES, tiny_model_config
 from rlbuild.core.errors import Violation
 from rlbuild.plan.spec import Experiment
 
 CONFIG_FILE = "config.json"
 HUB_TIMEOUT_S = 5.0
 TP_FIELD = "role_plan.inference_engine_tensor_parallel_size"
+BASE_MODEL_SOURCE = "artifact:base_model"
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,9 @@ def source_model_config(experiment: Experiment) -> ModelConfig:
     except SourceError as exc:
         return ModelConfig(None, str(exc))  # reported by check_sources
     if source.scheme == "artifact":
-        return ModelConfig(tiny_model_config(), f"the tiny model ({TINY_MODEL_FILE.name})")
+        if model.revision not in VARIANT_FILES:
+            return ModelConfig(None, f"revision {model.revision!r} names no tiny model variant")  # check_base_model
+        return ModelConfig(tiny_model_config(model.revision), f"the tiny model ({VARIANT_FILES[model.revision].name})")
     if source.scheme == "local":
         path = source.local_path() / CONFIG_FILE
         return ModelConfig(_read_json(path), str(path))
@@ -54,6 +58,41 @@ def source_model_config(experiment: Experiment) -> ModelConfig:
         )
         return _hub_config(source.hf_repo_id, source.hf_subpath, source.revision, cache_dir)
     return ModelConfig(None, f"{source} has no config to read")
+
+
+def base_model_revision(experiment: Experiment) -> str | None:
+    """The tiny model variant the graph's base_model rule builds: the revision label of the model, else of the
+    tokenizer, that comes from `artifact:base_model` (None: neither does)."""
+    model = experiment.model
+    named = [e.revision for e in (model, model.tokenizer) if e.source == BASE_MODEL_SOURCE]
+    return named[0] if named else None
+
+
+def check_base_model(experiment: Experiment) -> list[Violation]:
+    """Every revision of `artifact:base_model` names a tiny model variant, and the same one: the graph builds one
+    base model per experiment, and the staged model and tokenizer are both taken from it."""
+    model, built = experiment.model, base_model_revision(experiment)
+    out: list[Violation] = []
+    for field, entry in (("model.revision", model), ("model.tokenizer.revision", model.tokenizer)):
+        if entry.source != BASE_MODEL_SOURCE:
+            continue
+        if entry.revision not in VARIANT_FILES:
+            out.append(
+                Violation(
+                    field,
+                    f"{entry.revision!r} names no tiny model variant of {BASE_MODEL_SOURCE}",
+                    f"use one of {', '.join(VARIANT_FILES)} (rlbuild/contracts/tinymodel.py)",
+                )
+            )
+        elif entry.revision != built and built in VARIANT_FILES:
+            out.append(
+                Violation(
+                    field,
+                    f"{entry.revision!r} differs from model.revision {built!r}: one base model is built per experiment",
+                    f"use {built!r} for both",
+                )
+            )
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from rlbuild.core.wire import is_secret_name
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.plan.environments import check_environments
 from rlbuild.plan.identity import flatten
-from rlbuild.plan.modelcheck import check_model, source_model_config
+from rlbuild.plan.modelcheck import check_base_model, check_model, source_model_config
 from rlbuild.plan.noderuntime import NodeRuntime, node_runtime, on_gpus
 from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
 from rlbuild.plan.slurm import check_chain
@@ -263,6 +263,6 @@ def _check_experiment(experiment: Experiment, shares_venv: bool) -> tuple[Recipe
     model_config = source_model_config(experiment).values
     if model_config is not None:
         violations_found += check_model(model_config, experiment, recipe)
-    violations_found += check_sources(experiment)
+    violations_found += check_sources(experiment) + check_base_model(experiment)
     violations_found += check_environments(experiment, recipe.environment.env_class if recipe else None)
     return recipe, violations_found

@@ -30,13 +30,13 @@ from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
 from rlbuild.plan import environments, series
 from rlbuild.plan.identity import derived_record, make_record
+from rlbuild.plan.modelcheck import BASE_MODEL_SOURCE, base_model_revision
 from rlbuild.plan.noderuntime import NodeRuntime, node_runtime
 from rlbuild.plan.preflight import check_experiment, load_experiment
 from rlbuild.plan.roleplan import Geometry, geometry
 from rlbuild.plan.spec import Experiment
 from rlbuild.stages.staging import local_content_digest
 
-BASE_MODEL_SOURCE = "artifact:base_model"
 # The tiny base model stands for a pretrained one: its revision names its weights, whatever seed the RL run (or an
 # arm of a series) uses, so a seed sweep trains one model. Built with this seed (the default experiment's).
 BASE_MODEL_SEED = 42
@@ -97,8 +97,11 @@ def build_records(
     stage = {kind: (stage_keys or {}).get(kind, version) for kind in series.SHARED_STAGES}
     records: dict[str, dict[str, Any]] = {}
     model_deps: dict[str, str] = {}
-    if BASE_MODEL_SOURCE in (experiment.model.source, experiment.model.tokenizer.source):
-        fields = {"revision": experiment.model.revision, "seed": BASE_MODEL_SEED, "runtime_source_digest": digest}
+    revision = base_model_revision(experiment)
+    if revision is not None:
+        # The revision label names the variant built (rlbuild/contracts/tinymodel.py): a field of its own would
+        # only repeat it, and change every completed version's record.
+        fields = {"revision": revision, "seed": BASE_MODEL_SEED, "runtime_source_digest": digest}
         records["base_model"] = make_record(
             experiment=name, kind="base_model", version=stage["base_model"], fields=fields
         )

@@ -2,9 +2,10 @@
 
 The build is deterministic: the same code, seed and CPU give the same bits (trainer/tiny.py pins the numerics).
 So a folder named by the digest of what builds it (the runtime's source digest, which covers trainer/tiny.py, the
-architecture file and uv.lock's packages, plus the seed and the CPU) holds a copy that any later build of that
-key may take instead of ~20 s of warm start. The cache is opt-in ($RLBUILD_BASE_MODEL_CACHE names its folder):
-the test suite sets it once a session, so every graph it runs reuses one build per (source, seed).
+architecture files and uv.lock's packages, plus the variant, the seed and the CPU) holds a copy that any later
+build of that key may take instead of ~20 s of warm start. The cache is opt-in ($RLBUILD_BASE_MODEL_CACHE names
+its folder): the test suite sets it once a session, so every graph it runs reuses one build per (source, variant,
+seed).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def _cpu() -> str:
     return platform.processor()
 
 
-def cache_key(seed: int) -> str:
-    """What builds the base model of `seed` on this machine, as one digest."""
-    parts = [source_digest(), str(seed), platform.machine(), _cpu()]
+def cache_key(seed: int, variant: str) -> str:
+    """What builds the base model `variant` of `seed` on this machine, as one digest."""
+    parts = [source_digest(), variant, str(seed), platform.machine(), _cpu()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -47,11 +48,11 @@ def cache_folder() -> Path | None:
     return Path(folder) if folder else None
 
 
-def build_or_copy(out: Path, seed: int, build: Callable[[Path], int], folder: Path | None) -> int:
-    """Make the base model of `seed` in `out`: copied from `folder`'s build of the same key, or built by `build`
-    (an exit code) and then kept there. The kept copy appears whole or not at all (a rename), so a build killed
-    midway, or two builds at once, never leave a partial model to be copied."""
-    kept = folder / cache_key(seed) if folder is not None else None
+def build_or_copy(out: Path, seed: int, variant: str, build: Callable[[Path], int], folder: Path | None) -> int:
+    """Make the base model `variant` of `seed` in `out`: copied from `folder`'s build of the same key, or built by
+    `build` (an exit code) and then kept there. The kept copy appears whole or not at all (a rename), so a build
+    killed midway, or two builds at once, never leave a partial model to be copied."""
+    kept = folder / cache_key(seed, variant) if folder is not None else None
     if kept is not None and kept.is_dir():
         shutil.copytree(kept, out, dirs_exist_ok=True)
         return 0
