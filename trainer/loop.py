@@ -12,6 +12,7 @@ from a checkpoint takes the same steps as an uninterrupted one.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ def train(
             roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe, step, cursor
         )
         cursor = sampled.cursor
+        write_trajectories(launch, step, sampled.drawn)
         clock.lap("rollout")
         update = sampled.update
         advantages = grpo.group_advantages(
@@ -195,6 +197,16 @@ def accuracies(launch: LaunchDocument, roles: Roles, inputs: Inputs) -> dict[str
         "eval/accuracy": float(score(inputs.validation_rows)["accuracy"]),
         "eval/train_accuracy": float(score(train_sample)["accuracy"]),
     }
+
+
+def write_trajectories(launch: LaunchDocument, step: int, drawn: sampling.Samples) -> None:
+    """A sample of the step's episodes (the first of each group, up to `environment.trajectories_per_step`) as
+    JSONL: what a person reads to see what the policy does in the environment while it trains."""
+    wanted, group = launch.recipe.environment.trajectories_per_step, launch.recipe.generator.n_samples_per_prompt
+    if drawn.episodes is None or wanted == 0:
+        return
+    lines = [json.dumps({"step": step, **e.record()}) + "\n" for e in drawn.episodes[::group][:wanted]]
+    storage.write_text(f"{launch.artifacts.trajectories_root}/step-{step:06d}.jsonl", "".join(lines))
 
 
 def _due(step: int, interval: int, max_steps: int) -> bool:

@@ -153,6 +153,11 @@ class TemporaryPaths:
         """The metrics stream's segments while the run goes; merged into `train/v<version>/metrics.jsonl` at its end."""
         return f"{self.root}/metrics"
 
+    @property
+    def trajectories(self) -> str:
+        """A sample of an agent run's training episodes, a JSONL file per step that wrote one (debugging data)."""
+        return f"{self.root}/trajectories"
+
 
 # Identity records as documents: sealed, and naming the digest of every control document their artifact holds.
 #

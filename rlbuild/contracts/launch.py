@@ -86,6 +86,9 @@ class Artifacts(StrictModel):
     metrics_segments_root: str = Field(
         description="the metrics stream while the run goes (rlbuild/contracts/metricstream.py)"
     )
+    trajectories_root: str = Field(
+        description="an agent run's sampled training episodes, one JSONL file per step (temporary storage)"
+    )
     resume_checkpoint_count: int = Field(ge=1, le=5, description="checkpoints kept for resuming")
 
 

@@ -191,6 +191,12 @@ class EnvironmentSection(StrictModel):
     sandbox: SandboxSection | None = Field(
         None, description="the sandbox each episode's actions run in; null: the environment needs none"
     )
+    trajectories_per_step: int = Field(
+        4,
+        ge=0,
+        le=100_000,
+        description="training episodes a step writes to artifacts.trajectories_root (one per group)",
+    )
 
 
 class Recipe(StrictModel):

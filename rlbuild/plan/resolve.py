@@ -225,6 +225,7 @@ def build_launch(
             terminal_manifest_uri=join(root, artifact("train").path(version)),
             metrics_uri=join(root, artifact("train").file(version, METRICS_NAME)),
             metrics_segments_root=join(root, temporary.metrics),
+            trajectories_root=join(root, temporary.trajectories),
             resume_checkpoint_count=experiment.retention.resume_checkpoint_count,
         ),
         inputs=Inputs(

@@ -216,7 +216,10 @@ def test_fsdp2_on_two_ranks_shards_checkpoints_resumes_after_a_kill_and_exports(
 @pytest.mark.timeout(500)
 def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
     # Two optimizer steps per global step (mini 2 of train 4 prompts): the old-logprob pass runs separately.
-    # Two nodes of two "GPUs": the policy takes one node, two single-rank engines the other.
+    # Two nodes of two "GPUs": the policy takes one node, two single-rank engines the other. The environment is a
+    # class written to skyrl-gym's convention (tests/trainer/skyrl_convention.py), trained unchanged: each sample is
+    # an episode of up to two turns, played across both engines.
+    environment = {"env_class": "tests.trainer.skyrl_convention:RetryAddition", "max_turns": 2, "turn_stop": "."}
     launch = write_test_launch(
         tmp_path,
         topology={"num_nodes": 2, "gpus_per_node": 2},
@@ -227,7 +230,10 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
             "policy_mini_batch_size": 2,
             "micro_train_batch_size_per_gpu": 8,
         },
-        recipe={"trainer": {"algorithm": {"use_kl_loss": False}}},
+        recipe={
+            "trainer": {"algorithm": {"use_kl_loss": False}},
+            "environment": environment | {"max_context_tokens": 32},
+        },
     )
     result = trainer("run", "--launch", str(launch), timeout=450)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -236,6 +242,12 @@ def test_two_data_parallel_ranks_with_separate_engines(tmp_path: Path) -> None:
     records = _metrics(doc)
     assert all(r["sync/max_abs_logprob_diff"] < 1e-4 for r in records)
     assert not any("policy/kl" in r for r in records), "no KL term: KL is absent, not 0.0"
+    for record in records:  # 32 episodes a step, each one or two turns, none failed
+        assert 1.0 <= record["episode/turns_mean"] <= 2.0 and record["episode/turns_max"] <= 2.0
+        assert record["episode/error_frac"] == 0.0
+        ended = sum(record[f"episode/ended_{how}_frac"] for how in ("done", "eos", "max_turns", "context", "error"))
+        assert ended == pytest.approx(1.0)
+        assert 0.0 <= record["reward/mean"] <= 1.0
 
 
 @pytest.mark.slow  # a real Ray training run: out of the 3-minute inner loop
