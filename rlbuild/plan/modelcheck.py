@@ -141,6 +141,15 @@ def check_model(config: dict[str, Any], experiment: Experiment, recipe: Recipe |
                     f"keep generator.max_prompt_length + {name}.max_generate_length <= {positions}",
                 )
             )
+    context = recipe.environment.max_context_tokens
+    if context is not None and context > positions:
+        out.append(
+            Violation(
+                "recipe.environment.max_context_tokens",
+                f"{context} tokens of an agent episode, more than the model's max_position_embeddings={positions}",
+                f"keep environment.max_context_tokens <= {positions} (or null: the model's own context)",
+            )
+        )
     return out
 
 

@@ -41,6 +41,12 @@ def test_token_budgets_beyond_the_tiny_models_positions_fail_on_the_first_run() 
         "recipe.generator.sampling_params.max_generate_length": "max_prompt_length 40 + max_generate_length 30 = 70 "
         f"tokens, more than the model's max_position_embeddings={positions}"
     }
+    doc = _tiny()
+    doc["recipe"]["environment"] = {"max_context_tokens": positions + 1}
+    assert _fields(doc) == {
+        "recipe.environment.max_context_tokens": f"{positions + 1} tokens of an agent episode, more than the model's "
+        f"max_position_embeddings={positions}"
+    }
 
 
 def test_rlbuild_check_reads_a_local_models_config_without_staging(tmp_path: Path, capsys) -> None:
