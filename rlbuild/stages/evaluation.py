@@ -140,6 +140,9 @@ PANELS = (
     ("policy/entropy", "entropy (nats per token)", 0.1),
     ("response/length_mean", "response length (tokens)", 1.0),
 )
+# An agent run's episodes: turns per episode in place of the response length (which counts observations too).
+TURNS_PANEL = ("episode/turns_mean", "turns per training episode", 1.0)
+EXAMPLE_TRAJECTORIES = 3
 
 
 def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, path: Path, *, title: str = "") -> None:
@@ -150,7 +153,8 @@ def plot_curves(records: Sequence[Mapping[str, Any]], accuracy: float | None, pa
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), constrained_layout=True)
-    for ax, (name, panel, min_span) in zip(axes.flat, PANELS, strict=True):
+    panels = (*PANELS[:-1], TURNS_PANEL) if _series(records, TURNS_PANEL[0])[1] else PANELS
+    for ax, (name, panel, min_span) in zip(axes.flat, panels, strict=True):
         steps, values = _series(records, name)
         if name == "eval/accuracy":
             shown = _accuracy_panel(ax, records, accuracy)
@@ -187,7 +191,7 @@ def _accuracy_panel(ax: Any, records: Sequence[Mapping[str, Any]], accuracy: flo
     return shown
 
 
-def _table_html(results: Mapping[str, Any]) -> str:
+def table_html(results: Mapping[str, Any], trajectories: Sequence[Mapping[str, Any]] = ()) -> str:
     rows = [
         ("accuracy (greedy)", f"{results['accuracy']:.4f}"),
         (f"pass@{results['k']}", f"{results['pass_at_k']:.4f}"),
@@ -209,14 +213,43 @@ def _table_html(results: Mapping[str, Any]) -> str:
         )
     if "train_accuracy" in training:
         rows.append(("train-prompt accuracy last", f"{training['train_accuracy']['last']:.4f}"))
+    episodes = results.get("episodes") or {}
+    if episodes:
+        rows.append(("turns per episode mean / max", f"{episodes['turns_mean']:.2f} / {episodes['turns_max']:g}"))
+        ended = {
+            k.removeprefix("ended_").removesuffix("_frac"): v for k, v in episodes.items() if k.startswith("ended_")
+        }
+        rows.append(("episodes ended by", ", ".join(f"{how} {share:.2f}" for how, share in ended.items() if share)))
     rows += [("warning", warning) for warning in training["warnings"]]
     body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>eval results</title>"
         "<style>table{border-collapse:collapse;font-family:sans-serif}"
         "th,td{border:1px solid #ccc;padding:4px 10px;text-align:left}</style></head>\n"
-        f"<body><table>\n{body}\n</table></body></html>\n"
+        f"<body><table>\n{body}\n</table>{_examples_html(trajectories)}</body></html>\n"
     )
+
+
+def example_trajectories(trajectories: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Three greedy episodes to read: the first solved, the first failed, then the next one not yet shown."""
+    solved = [t for t in trajectories if float(t.get("reward") or 0) >= 1.0]
+    failed = [t for t in trajectories if float(t.get("reward") or 0) < 1.0]
+    chosen = [group[0] for group in (solved, failed) if group]
+    rest = [t for t in trajectories if all(t is not c for c in chosen)]
+    return chosen + rest[: EXAMPLE_TRAJECTORIES - len(chosen)]
+
+
+def _examples_html(trajectories: Sequence[Mapping[str, Any]]) -> str:
+    blocks = []
+    for trajectory in example_trajectories(trajectories):
+        lines = [f"prompt: {trajectory.get('prompt')}"]
+        for number, turn in enumerate(trajectory.get("turns") or [], 1):
+            lines += [f"[{number}] $ {turn.get('action')}", f"    {turn.get('observation')}"]
+        lines.append(f"reward {trajectory.get('reward')}; ended: {trajectory.get('ended')}")
+        if trajectory.get("error"):
+            lines.append(f"error: {trajectory['error']}")
+        blocks.append(f"<pre>{html.escape(chr(10).join(lines))}</pre>")
+    return f"<h3>example episodes (greedy)</h3>{''.join(blocks)}" if blocks else ""
 
 
 def score_with_trainer(
@@ -274,7 +307,8 @@ def run_eval(
     if trajectories:
         storage.write_text(str(out_dir / TRAJECTORIES), trajectories)
     storage.write_text(str(out_dir / RESULTS), json.dumps(results, indent=2, sort_keys=True, default=str) + "\n")
-    storage.write_text(str(out_dir / TABLE), _table_html(results))
+    examples = [json.loads(line) for line in trajectories.splitlines() if line.strip()]
+    storage.write_text(str(out_dir / TABLE), table_html(results, examples))
     title = f"accuracy {results['accuracy']:.3f}, pass@{k} {results['pass_at_k']:.3f} on {len(rows)} prompts"
     plot_curves(records, results["accuracy"], out_dir / CURVES, title=title)
     return results

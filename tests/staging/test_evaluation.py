@@ -14,7 +14,14 @@ from rlbuild.contracts.manifest import ManifestError, ManifestMismatchError, wri
 from rlbuild.contracts.metricstream import MetricsStream, read_run_metrics
 from rlbuild.contracts.rows import RowError
 from rlbuild.dev.launches import base_model_dir, write_test_launch
-from rlbuild.stages.evaluation import EvalError, axis_limits, plot_curves, run_eval
+from rlbuild.stages.evaluation import (
+    EvalError,
+    axis_limits,
+    example_trajectories,
+    plot_curves,
+    run_eval,
+    table_html,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -163,3 +170,24 @@ def test_validation_data_is_verified_and_checked(tmp_path: Path, launch: LaunchD
         run_eval(tmp_path, [path], launch, tmp_path / "eval", k=1)
     with pytest.raises(EvalError, match="no validation rows"):
         run_eval(tmp_path, [], launch, tmp_path / "eval")
+
+
+def test_an_agent_runs_report_shows_turns_and_three_example_episodes(tmp_path: Path) -> None:
+    def episode(prompt: str, reward: float, actions: list[str]) -> dict:
+        turns = [{"action": a, "observation": f">{a}|", "reward": 0.0} for a in actions]
+        return {"prompt": prompt, "turns": turns, "reward": reward, "ended": "done", "error": None}
+
+    trajectories = [episode("find key:", 0.0, ["ls|", "cat d|"]), episode("find key:", 1.0, ["ls|", "cat k|"])]
+    trajectories += [episode("find key:", 0.0, ["pwd|"]), episode("find key:", 1.0, ["ls|"])]
+    chosen = example_trajectories(trajectories)
+    assert chosen == [trajectories[1], trajectories[0], trajectories[2]]  # a solved one, a failed one, the next
+    assert example_trajectories(trajectories[:1]) == trajectories[:1]
+    results = {"accuracy": 0.5, "pass_at_k": 0.75, "k": 4, "n": 4, "seed": 1, "training": {"warnings": []}}
+    results["episodes"] = {"turns_mean": 1.5, "turns_max": 2.0, "ended_done_frac": 0.75, "ended_error_frac": 0.25}
+    page = table_html(results, trajectories)
+    assert "<th>turns per episode mean / max</th><td>1.50 / 2</td>" in page
+    assert "<th>episodes ended by</th><td>done 0.75, error 0.25</td>" in page
+    assert page.count("<pre>") == 3 and "[2] $ cat k|\n    &gt;cat k|" in page
+    records = [{"step": s, "reward/mean": s / 4, "episode/turns_mean": 1 + s / 4} for s in range(1, 5)]
+    plot_curves(records, 0.5, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
