@@ -123,6 +123,28 @@ def with_eval_results(card: ModelCard, results: Mapping[str, Any]) -> ModelCard:
     return ModelCard(f"---\n{card.data.to_yaml()}\n---\n{card.text}")
 
 
+def _task(launch: LaunchDocument, evaluated: tuple[int, float] | None) -> list[str]:
+    """What the policy was trained to do, and how well it does it, in the card's words."""
+    environment = launch.recipe.environment
+    if environment.max_turns == 1 and environment.sandbox is None:
+        solved = (
+            f"answers {evaluated[1]:.3f} of held-out prompts right (greedy, step {evaluated[0]})" if evaluated else ""
+        )
+        return [
+            f"- environment `{environment.env_class}`: one completion per prompt, scored by its reward",
+            *([f"- success: it {solved}"] if solved else []),
+        ]
+    sandbox = environment.sandbox
+    where = f"in a `{sandbox.backend}` sandbox (one shell per episode, no network)" if sandbox else "without a sandbox"
+    lines = [
+        f"- agent environment `{environment.env_class}`: episodes of up to {environment.max_turns} turns, each action "
+        f"ending at {environment.turn_stop!r}, run {where}; the environment's verifier gives the reward",
+    ]
+    if evaluated:
+        lines.append(f"- success: {evaluated[1]:.3f} of held-out episodes solved (greedy, step {evaluated[0]})")
+    return lines
+
+
 def _body(
     launch: LaunchDocument,
     model: Mapping[str, Any],
@@ -141,6 +163,10 @@ def _body(
         f"# {name}",
         "",
         f"A policy trained with GRPO by rlbuild from `{model['source']}` (revision `{model['revision']}`).",
+        "",
+        "## The task",
+        "",
+        *_task(launch, evaluated),
         "",
         "## How it was trained",
         "",

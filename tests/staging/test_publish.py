@@ -20,6 +20,7 @@ from huggingface_hub import ModelCard
 from rlbuild.contracts.artifacts import EXPORT_MODEL
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import ManifestMismatchError, write_manifest
+from rlbuild.contracts.recipe import EnvironmentSection
 from rlbuild.core.errors import PreflightError
 from rlbuild.dev.launches import base_model_dir, experiment_document, write_test_launch
 from rlbuild.plan.preflight import parse_experiment
@@ -69,6 +70,18 @@ def test_the_card_names_hub_sources_in_its_metadata_and_every_source_in_its_body
     assert "validation data: `task:addition/validation` @ `seed-0`" in card.text
     assert launch.run.fingerprint in card.text and launch.runtime.source_digest in card.text
     assert "GPU-hours: not measured" in card.text  # the test launch runs on CPU ranks
+    assert "- environment `exact_match`: one completion per prompt" in card.text
+    assert "- success: it answers 0.600 of held-out prompts right (greedy, step 2)" in card.text
+    sandbox = {"backend": "local"}
+    environment = {"env_class": "find_key", "max_turns": 3, "turn_stop": "|", "sandbox": sandbox}
+    agent = launch.model_copy(
+        update={"recipe": launch.recipe.model_copy(update={"environment": EnvironmentSection(**environment)})}
+    )
+    text = build_card(agent, MODEL_RECORD, DATA_RECORD, METRICS).text
+    assert (
+        "- agent environment `find_key`: episodes of up to 3 turns, each action ending at '|', run in a `local`" in text
+    )
+    assert "- success: 0.600 of held-out episodes solved (greedy, step 2)" in text
 
 
 def test_gpu_hours_count_every_gpu_of_the_gang(launch: LaunchDocument) -> None:
