@@ -101,13 +101,17 @@ def train(
     metrics = MetricsWriter.for_launch(launch, kept_until=step if resume else -1)
     if step == 0 and t.eval_before_train:
         metrics.log(0, accuracies(launch, roles, inputs))
+    player = inputs.environment if isinstance(inputs.environment, EpisodePlayer) else None
     while step < t.max_steps:
         step += 1
         clock = Stopwatch()
+        if player is not None:
+            player.spent()  # the last eval's episodes are not this step's
         sampled = sampling.sample_step(
             roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe, step, cursor
         )
         cursor = sampled.cursor
+        environment_s = player.spent() if player is not None else 0.0
         write_trajectories(launch, step, sampled.drawn)
         clock.lap("rollout")
         update = sampled.update
@@ -120,6 +124,8 @@ def train(
         sync_error = roles.sync_weights(*inputs.probe, g.weight_sync_check_tolerance)
         clock.lap("sync")
         values = step_metrics(sampled, g.n_samples_per_prompt, batch, stats, sync_error, clock)
+        if player is not None:  # where an agent run's rollout time went
+            values["perf/environment_time_s"] = environment_s
         if _due(step, t.eval_interval, t.max_steps):
             values |= accuracies(launch, roles, inputs)
         stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point

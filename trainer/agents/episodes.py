@@ -129,6 +129,7 @@ class EpisodePlayer:
         self.stop_ids = turn_stop_ids(tokenizer, section.turn_stop)
         self.context = context_limit(section, tokenizer)
         self.pool = ThreadPoolExecutor(section.max_concurrency, thread_name_prefix="episode")
+        self.environment_seconds = 0.0
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -136,18 +137,28 @@ class EpisodePlayer:
     def play(self, generate: Generate, rows: list[dict[str, Any]], params: SamplingParams, seed: int) -> list[Episode]:
         """One episode per row, all turns; every resource an episode opened is released before this returns."""
         params = SamplingParams(params.max_tokens, params.temperature, params.top_p, params.top_k, self.stop_ids)
+        started = time.perf_counter()
         live = list(self.pool.map(self._start, rows))
         try:
             for turn in range(self.section.max_turns):
                 playing = [e for e in live if e.ended is None]
                 if not playing:
                     break
+                self.environment_seconds += time.perf_counter() - started
                 rollouts = generate([e.ids for e in playing], params, seed + turn * TURN_SEED_STRIDE)
+                started = time.perf_counter()
                 act = partial(_LiveEpisode.act, last_turn=turn + 1 == self.section.max_turns)
                 list(self.pool.map(act, playing, rollouts))
         finally:
             list(self.pool.map(_LiveEpisode.close, live))
+            self.environment_seconds += time.perf_counter() - started
         return [e.result() for e in live]
+
+    def spent(self) -> float:
+        """Wall seconds spent on the environment side (sandboxes started and closed, steps taken) since the last
+        call: the share of a step the policy's engines were not the bottleneck."""
+        seconds, self.environment_seconds = self.environment_seconds, 0.0
+        return seconds
 
     def _start(self, row: dict[str, Any]) -> _LiveEpisode:
         return _LiveEpisode.start(self, row)
