@@ -69,6 +69,10 @@ COVERED_ELSEWHERE = {
         "tests/e2e/test_series.py::test_the_series_report_shows_every_arm (rlbuild compare from storage)"
     ),
     "make iris-local": "tests/iris/test_iris_local.py runs its script from a fresh copy of the code",
+    "python -m trainer episode --launch results/tiny-agent/launch/v2026.09.21/launch.yaml --split validation --row 0 "
+    "--actions actions.txt": (
+        "tests/trainer/test_episodes.py::test_the_replay_command_plays_a_file_of_actions_through_the_launch_environment"
+    ),
     "rlbuild submit export/v2026.09.21": "tests/iris/test_coordinator.py (the default graph, detached, to the end)",
     "rlbuild cancel export/v2026.09.21": (
         "tests/iris/test_coordinator.py::test_cancel_stops_the_coordinator_and_its_jobs"
