@@ -1,4 +1,10 @@
-"""What agent episodes cost on this machine.
+"""What agent episodes cost on this machine: the sandbox designs, and a tiny-agent training step.
+
+The step (`measure_step`): the shipped tiny-agent experiment's recipe (config/experiments/tiny-agent.yaml: find the
+key, 3 turns, the local sandbox) trained for a few steps by the real trainer on its base model; from the run's own
+metrics, medians over the steps: episodes per second of rollout, the step's seconds, and the share of the step the
+environment side took (`perf/environment_time_s`: sandboxes started and closed, commands run), against the goal of
+at most 20%.
 
 The sandbox (trainer/sandbox/local.py): one bubblewrap shell kept for an episode against a new bubblewrap sandbox
 for every command, for the same episode of commands (`ls`, `cat k1`, `echo 1` in a folder holding k1), with the
@@ -7,12 +13,13 @@ it, and an episode's whole sandbox time; per command in a new sandbox, and its e
 removed as open_sandbox and close do); the ratios. The two sides alternate, an episode of each a round, so a
 shared machine's drift over minutes falls on both. Both must give the same outputs before anything is timed.
 
-    uv run python benchmarks/agent_rollout.py [--episodes 50]
+    uv run python benchmarks/agent_rollout.py [--episodes 50] [--steps 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -21,10 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rlbuild.contracts.launch import load_launch  # noqa: E402
 from rlbuild.contracts.recipe import SandboxSection  # noqa: E402
+from rlbuild.contracts.tinymodel import AGENT_VARIANT  # noqa: E402
+from rlbuild.dev.launches import base_model_dir, write_test_launch  # noqa: E402
+from rlbuild.plan.series import deep_merge  # noqa: E402
 from trainer.sandbox import open_sandbox  # noqa: E402
 from trainer.sandbox.local import as_sandbox_user, bwrap_argv  # noqa: E402
 
@@ -103,10 +116,57 @@ def measure_sandbox(episodes: int) -> dict[str, float]:
     return row
 
 
+def measure_step(steps: int, prompts: int | None = None) -> dict[str, float]:
+    """Medians over `steps` training steps of the shipped tiny-agent recipe (`prompts` a step: its own by default)."""
+    experiment = yaml.safe_load((REPO / "config" / "experiments" / "tiny-agent.yaml").read_text())
+    role_plan = {k: experiment["role_plan"][k] for k in ("train_batch_size", "policy_mini_batch_size")}
+    if prompts is not None:
+        role_plan = {"train_batch_size": prompts, "policy_mini_batch_size": prompts}
+    role_plan |= {k: experiment["role_plan"][k] for k in ("micro_train_batch_size_per_gpu", "n_samples_per_prompt")}
+    recipe = deep_merge(experiment["recipe"], {"trainer": {"max_steps": steps, "eval_interval": -1}})
+    with tempfile.TemporaryDirectory(prefix="rlbuild-agent-step-") as tmp:
+        launch = write_test_launch(
+            Path(tmp),
+            task="find_key",
+            model_dir=base_model_dir(experiment["seed"], AGENT_VARIANT),
+            role_plan=role_plan,
+            recipe=recipe,
+        )
+        command = [sys.executable, "-m", "trainer", "run", "--launch", str(launch)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        metrics = Path(load_launch(str(launch)).artifacts.metrics_uri).read_text().splitlines()
+    records = [r for r in map(json.loads, metrics) if "perf/step_time_s" in r]
+    assert len(records) == steps, records
+
+    def median(key: str) -> float:
+        return statistics.median(float(r[key]) for r in records)
+
+    episodes = role_plan["train_batch_size"] * role_plan["n_samples_per_prompt"]
+    row = {
+        "episodes_per_step": float(episodes),
+        "step_s": median("perf/step_time_s"),
+        "rollout_s": median("perf/rollout_time_s"),
+        "environment_s": median("perf/environment_time_s"),
+        "turns_mean": median("episode/turns_mean"),
+    }
+    row["episodes_per_s"] = episodes / row["rollout_s"]
+    row["environment_share"] = row["environment_s"] / row["step_s"]
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=50, help="episodes each way (default 50)")
-    episodes = parser.parse_args().episodes
+    parser.add_argument("--steps", type=int, default=4, help="tiny-agent training steps (default 4)")
+    args = parser.parse_args()
+    step = measure_step(args.steps)
+    print(f"tiny-agent step, {args.steps} steps of {step['episodes_per_step']:.0f} episodes, medians:")
+    print(f"  step {step['step_s']:.2f} s, rollout {step['rollout_s']:.2f} s, ", end="")
+    print(f"{step['episodes_per_s']:.1f} episodes/s, {step['turns_mean']:.2f} turns an episode")
+    share = f"{step['environment_s']:.2f} s = {step['environment_share']:.0%}"
+    print(f"  environment and sandbox {share} of the step (goal: at most 20%)")
+    episodes = args.episodes
     row = measure_sandbox(episodes)
     print(f"sandbox, {episodes} episodes of {len(COMMANDS)} commands ({', '.join(COMMANDS)}), medians:")
     print(f"  kept shell: open {row['open_s'] * 1e3:.1f} ms, command {row['command_s'] * 1e3:.2f} ms, ", end="")
