@@ -30,7 +30,10 @@ from trainer.agents.find_key import (
 )
 
 RIGHT_SHARE = 0.3
-WARM_START_STEPS = 600
+# Copying a file name from the listing takes the steps: after 600, the next two letters after `cat x` were right
+# 0.75 of the time, and sampled episodes found the key 0.10 of the time; after 1000, 0.93 and 0.25-0.38 (three build
+# seeds; trainer/README.md, "The tiny agent model").
+WARM_START_STEPS = 1000
 NAMES = ["".join(letters) for letters in itertools.product(NAME_LETTERS, repeat=NAME_LENGTH)]
 KEYS = [name for name in NAMES if name.startswith(KEY_PREFIX)]
 DECOYS = [name for name in NAMES if not name.startswith(KEY_PREFIX)]
