@@ -7,11 +7,13 @@ environment side took (`perf/environment_time_s`: sandboxes started and closed, 
 at most 20%.
 
 The sandbox (trainer/sandbox/local.py): one bubblewrap shell kept for an episode against a new bubblewrap sandbox
-for every command, for the same episode of commands (`ls`, `cat k1`, `echo 1` in a folder holding k1), with the
-same limits. Rows, each the median over the episodes: seconds to open the kept shell, per command in it, to close
-it, and an episode's whole sandbox time; per command in a new sandbox, and its episode (the folder made and
-removed as open_sandbox and close do); the ratios. The two sides alternate, an episode of each a round, so a
-shared machine's drift over minutes falls on both. Both must give the same outputs before anything is timed.
+for every command, and against a kept shell lent by a warm pool (trainer/sandbox/pool.py: acquired with the
+episode's files, reset when given back), for the same episode of commands (`ls`, `cat k1`, `echo 1` in a folder
+holding k1), with the same limits. Rows, each the median over the episodes: seconds to open the kept shell, per
+command in it, to close it, and an episode's whole sandbox time; per command in a new sandbox, and its episode (the
+folder made and removed as open_sandbox and close do); the pooled shell's acquire, command, give-back (its reset)
+and episode; the ratios. The sides alternate, an episode of each a round, so a shared machine's drift over minutes
+falls on all. All must give the same outputs before anything is timed.
 
     uv run python benchmarks/agent_rollout.py [--episodes 50] [--steps 4]
 """
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -38,8 +41,9 @@ from rlbuild.contracts.recipe import SandboxSection  # noqa: E402
 from rlbuild.contracts.tinymodel import AGENT_VARIANT  # noqa: E402
 from rlbuild.dev.launches import base_model_dir, write_test_launch  # noqa: E402
 from rlbuild.plan.series import deep_merge  # noqa: E402
-from trainer.sandbox import open_sandbox  # noqa: E402
+from trainer.sandbox import Sandbox, open_sandbox  # noqa: E402
 from trainer.sandbox.local import as_sandbox_user, bwrap_argv  # noqa: E402
+from trainer.sandbox.pool import SandboxPool  # noqa: E402
 
 COMMANDS = ("ls", "cat k1", "echo 1")
 FILES = {"k1": "the first key\n"}
@@ -48,8 +52,17 @@ SPEC = SandboxSection()  # the recipe's defaults
 
 def kept_shell_episode() -> tuple[float, list[float], float, list[str]]:
     """(seconds to open, per command, to close; the outputs) of one episode in one kept shell."""
+    return _shell_episode(lambda: open_sandbox(SPEC, FILES))
+
+
+def pooled_episode(pool: SandboxPool) -> tuple[float, list[float], float, list[str]]:
+    """The same, in a kept shell lent by `pool`: closing gives it back, which resets it."""
+    return _shell_episode(lambda: pool.acquire(FILES))
+
+
+def _shell_episode(open_shell: Callable[[], Sandbox]) -> tuple[float, list[float], float, list[str]]:
     began = time.perf_counter()
-    sandbox = open_sandbox(SPEC, FILES)
+    sandbox = open_shell()
     opened = time.perf_counter() - began
     seconds, outputs = [], []
     for command in COMMANDS:
@@ -90,29 +103,36 @@ def sandbox_per_command_episode() -> tuple[list[float], float, list[str]]:
 
 
 def measure_sandbox(episodes: int) -> dict[str, float]:
-    """Medians over `episodes` episodes each way, after one untimed episode each way that must agree."""
-    kept_outputs, fresh_outputs = kept_shell_episode()[3], sandbox_per_command_episode()[2]
-    assert kept_outputs == fresh_outputs, (kept_outputs, fresh_outputs)
-    opens, commands, closes, kept_episodes, fresh_commands, fresh_episodes = [], [], [], [], [], []
-    for _ in range(episodes):
-        opened, seconds, closed, _ = kept_shell_episode()
-        opens.append(opened)
-        commands += seconds
-        closes.append(closed)
-        kept_episodes.append(opened + sum(seconds) + closed)
-        seconds, episode, _ = sandbox_per_command_episode()
-        fresh_commands += seconds
-        fresh_episodes.append(episode)
-    row = {
-        "open_s": statistics.median(opens),
-        "command_s": statistics.median(commands),
-        "close_s": statistics.median(closes),
-        "episode_s": statistics.median(kept_episodes),
-        "fresh_command_s": statistics.median(fresh_commands),
-        "fresh_episode_s": statistics.median(fresh_episodes),
-    }
+    """Medians over `episodes` episodes each way, after one untimed episode each way that must agree (the pool's
+    first starts its sandbox; the timed ones reuse it)."""
+    with SandboxPool(SPEC) as pool:
+        kept_outputs, fresh_outputs = kept_shell_episode()[3], sandbox_per_command_episode()[2]
+        pooled_outputs = pooled_episode(pool)[3]
+        assert kept_outputs == fresh_outputs == pooled_outputs, (kept_outputs, fresh_outputs, pooled_outputs)
+        kept: dict[str, list[float]] = {"open": [], "command": [], "close": [], "episode": []}
+        pooled: dict[str, list[float]] = {"open": [], "command": [], "close": [], "episode": []}
+        fresh_commands, fresh_episodes = [], []
+        for _ in range(episodes):
+            for times, (opened, seconds, closed, _) in (
+                (kept, kept_shell_episode()),
+                (pooled, pooled_episode(pool)),
+            ):
+                times["open"].append(opened)
+                times["command"] += seconds
+                times["close"].append(closed)
+                times["episode"].append(opened + sum(seconds) + closed)
+            seconds, episode, _ = sandbox_per_command_episode()
+            fresh_commands += seconds
+            fresh_episodes.append(episode)
+        assert pool.reused == episodes, "every timed pooled episode reuses the pool's sandbox"
+    row = {f"{side}_s": statistics.median(values) for side, values in kept.items()}
+    row |= {f"pool_{side}_s": statistics.median(values) for side, values in pooled.items()}
+    row["fresh_command_s"] = statistics.median(fresh_commands)
+    row["fresh_episode_s"] = statistics.median(fresh_episodes)
     row["command_ratio"] = row["fresh_command_s"] / row["command_s"]
     row["episode_ratio"] = row["fresh_episode_s"] / row["episode_s"]
+    row["pool_ratio"] = row["episode_s"] / row["pool_episode_s"]
+    row["pool_fresh_ratio"] = row["fresh_episode_s"] / row["pool_episode_s"]
     return row
 
 
@@ -174,6 +194,13 @@ def main() -> None:
     print(f"  sandbox per command: command {row['fresh_command_s'] * 1e3:.1f} ms, ", end="")
     print(f"episode {row['fresh_episode_s'] * 1e3:.1f} ms")
     print(f"  per command: {row['command_ratio']:.1f}x; per episode: {row['episode_ratio']:.2f}x (new / kept)")
+    print(
+        f"  pooled shell: acquire {row['pool_open_s'] * 1e3:.1f} ms, command {row['pool_command_s'] * 1e3:.2f} ms, ",
+        end="",
+    )
+    print(f"give back (reset) {row['pool_close_s'] * 1e3:.1f} ms, episode {row['pool_episode_s'] * 1e3:.1f} ms")
+    print(f"  per episode: kept / pooled {row['pool_ratio']:.2f}x, ", end="")
+    print(f"sandbox per command / pooled {row['pool_fresh_ratio']:.2f}x")
 
 
 if __name__ == "__main__":

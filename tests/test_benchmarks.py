@@ -95,8 +95,8 @@ def test_fsdp_cpu_benchmark_prints_its_ratios() -> None:
     assert "FSDP2" in out
 
 
-def test_agent_rollout_measures_both_sandbox_designs() -> None:
-    """A few episodes each way (the benchmark first checks both sides give the same outputs)."""
+def test_agent_rollout_measures_the_three_sandbox_designs() -> None:
+    """A few episodes each way (the benchmark first checks all sides give the same outputs)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from agent_rollout import measure_sandbox
 
@@ -106,10 +106,16 @@ def test_agent_rollout_measures_both_sandbox_designs() -> None:
         "command_s",
         "close_s",
         "episode_s",
+        "pool_open_s",
+        "pool_command_s",
+        "pool_close_s",
+        "pool_episode_s",
         "fresh_command_s",
         "fresh_episode_s",
         "command_ratio",
         "episode_ratio",
+        "pool_ratio",
+        "pool_fresh_ratio",
     }
     assert all(value > 0 for value in row.values())
 

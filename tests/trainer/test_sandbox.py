@@ -1,14 +1,16 @@
 """The local sandbox (trainer/sandbox/local.py) on real bubblewrap: the shell an episode keeps, and one test per
 kind of hostile action, each checking what the observation says, how long the episode took, and that the host is
-as it was."""
+as it was; and the pool (trainer/sandbox/pool.py): what a reused sandbox keeps of the episode before it (nothing)."""
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -16,7 +18,8 @@ import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox import Sandbox, SandboxError, open_sandbox
-from trainer.sandbox.local import LocalSandbox, _Output
+from trainer.sandbox.local import LocalSandbox, _children, _Output
+from trainer.sandbox.pool import SandboxPool, _Lease
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = SandboxSection(
@@ -216,3 +219,98 @@ def test_only_the_shells_marker_line_ends_a_command() -> None:
     assert not output.feed(b"rk 1")
     assert output.feed(b"7\nlater")
     assert (bytes(output.kept), output.exit_code, output.after) == (b"a m4rk x\nb ", 17, b"later")
+
+
+# What an episode sees of its sandbox's state, with builtins only so the probe's own processes are not listed:
+# cwd, umask, variables, functions, aliases, traps, signal dispositions, processes, files and System V IPC.
+PROBE = r"""pwd; umask; env | sort; alias; type leak ll 2>&1; trap; echo "${LEAK-unset}"
+for p in /proc/[0-9]*; do read -r name < "$p/comm" && echo "process $name"; done
+while read -r key value; do case $key in SigIgn:|SigBlk:) echo "$key $value";; esac; done < /proc/$$/status
+find /work /tmp /dev/shm -mindepth 1 | sort; stat -c '%A %U %n' /work /tmp /dev/shm; ipcs -m | tail -n +4"""
+LEFTOVERS = (
+    "sleep 1000 &",
+    "setsid -f sleep 1000",
+    "nohup sleep 1000 >/dev/null 2>&1 &",
+    "(sleep 1000 &) ; sh -c 'sleep 1000 & exec sleep 1000' &",
+    "echo x > .dot && mkdir -p d/.e && touch d/.e/f /tmp/t /tmp/.t /dev/shm/s && chmod 0 d && chmod 700 /tmp",
+    "ipcmk -M 64 >/dev/null && export LEAK=1 && leak() { :; } && alias ll=ls && trap 'echo bye' EXIT && trap '' INT",
+    "cd /tmp && umask 077",
+)
+
+
+def _probe(sandbox: Sandbox) -> str:
+    result = sandbox.run(PROBE)
+    assert result.exit_code == 0, result
+    return result.output
+
+
+def test_a_reused_sandbox_keeps_nothing_of_the_last_episode() -> None:
+    files = {"new": "2\n", "sub/.hidden": "3\n"}
+    with open_sandbox(SPEC, files) as fresh:
+        expected = _probe(fresh)
+    assert "process bwrap\nprocess sh\nSigBlk:" in expected and "/work/sub/.hidden\n" in expected
+    with SandboxPool(SPEC) as pool:
+        with pool.acquire({"old": "1\n", ".old": "1\n"}) as first:
+            for command in LEFTOVERS:
+                assert first.run(command).exit_code == 0, command
+            assert "process sleep" in first.run(PROBE).output
+        assert first.run("echo late").note == "the episode gave its sandbox back; the command was not run"
+        with pool.acquire(files) as second:
+            assert isinstance(first, _Lease) and isinstance(second, _Lease) and second.sandbox is first.sandbox
+            sandbox = second.sandbox
+            assert isinstance(sandbox, LocalSandbox)
+            namespace = os.readlink(f"/proc/{sandbox.init_pid}/ns/pid")
+            assert sorted(_alive_in(namespace)) == sorted([sandbox.init_pid, *_children(sandbox.init_pid)])
+            assert len(_alive_in(namespace)) == 2  # the init and the shell: every sleep is gone
+            assert _probe(second) == expected
+            assert second.timings.commands == 1 and first.timings.commands == len(LEFTOVERS) + 1
+        assert (pool.started, pool.reused) == (1, 1)
+
+
+@pytest.mark.parametrize("ending", ["sleep 1000", "exit 3"])
+def test_a_sandbox_the_episode_ended_is_not_reused(ending: str) -> None:
+    with SandboxPool(SPEC) as pool:
+        with pool.acquire({}) as first:
+            assert first.run(ending).ended
+        with pool.acquire({"k": "v"}) as second:
+            assert isinstance(first, _Lease) and isinstance(second, _Lease)
+            assert second.sandbox is not first.sandbox and second.run("cat k").output == "v"
+        assert (pool.started, pool.reused) == (2, 0)
+
+
+@pytest.mark.parametrize("command", ["ulimit -t 1000", "ulimit -v 4000"])
+def test_a_reset_that_fails_closes_the_sandbox_and_the_pool_starts_a_fresh_one(command: str) -> None:
+    """A hard limit lowered cannot be raised back (the restarted shell's limits differ from a fresh one's); an
+    address space too small for the restart kills the shell. Either way the sandbox is closed, not lent."""
+    with SandboxPool(SPEC) as pool:
+        with pool.acquire({}) as first:
+            assert isinstance(first, _Lease) and isinstance(first.sandbox, LocalSandbox)
+            namespace = os.readlink(f"/proc/{first.sandbox.init_pid}/ns/pid")
+            assert first.run(f"sleep 1000 & {command}").exit_code == 0
+        assert first.sandbox.ended and _alive_in(namespace) == [] and not first.sandbox.folder.exists()
+        with pool.acquire({}) as second:
+            assert isinstance(second, _Lease) and second.sandbox is not first.sandbox
+            assert second.run("ulimit -t; echo alive").output == "unlimited\nalive\n"
+        assert (pool.started, pool.reused) == (2, 0)
+
+
+def test_episodes_in_threads_each_see_their_own_files_and_closing_the_pool_leaves_no_process() -> None:
+    pool = SandboxPool(SPEC)
+
+    def episode(n: int) -> str:
+        with pool.acquire({f"f{n}": f"{n}\n"}) as sandbox:
+            return sandbox.run("ls -A; cat f*").output
+
+    with ThreadPoolExecutor(4) as threads:
+        assert list(threads.map(episode, range(16))) == [f"f{n}\n{n}\n" for n in range(16)]
+        assert pool.started <= 4 and pool.started + pool.reused == 16
+        lent = threads.submit(pool.acquire, {}).result()
+        assert lent.run("sleep 1000 &").exit_code == 0
+        sandboxes = [s for s in gc.get_objects() if isinstance(s, LocalSandbox) and not s.ended]
+        namespaces = [os.readlink(f"/proc/{s.init_pid}/ns/pid") for s in sandboxes]
+        pool.close()
+        assert all(_alive_in(namespace) == [] for namespace in namespaces)
+        assert not any(s.folder.exists() for s in sandboxes)
+        assert lent.run("echo late").ended
+        with pytest.raises(SandboxError, match="pool was closed"):
+            pool.acquire({})

@@ -16,7 +16,8 @@ An episode ends when the environment says `done`, when the policy ends its actio
 actions, when the next turn has no room left in `max_context_tokens` (truncated), or when the environment raises
 (an error: reward 0, counted, never a crashed step). Every turn of every live episode is generated in one batch;
 the environment steps of a turn run `max_concurrency` at a time in threads (a sandbox command is a subprocess, so
-they overlap); a slow step holds its turn's batch for at most the sandbox's command timeout.
+they overlap); a slow step holds its turn's batch for at most the sandbox's command timeout. Sandboxes come from
+the player's pool (trainer/sandbox/pool.py): an episode's sandbox is reset and lent to a later episode.
 
 A reward environment (`reward(row, completion, finished)`) is not played here: the trainer scores its single
 completions as it always has (trainer/sampling.py), bit for bit.
@@ -31,7 +32,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -39,6 +40,9 @@ from rlbuild.contracts.recipe import EnvironmentSection
 from trainer import env as environments
 from trainer.errors import TrainerError
 from trainer.workers.engines import Rollout, SamplingParams
+
+if TYPE_CHECKING:  # the pool's module is loaded only where a recipe asks for a sandbox
+    from trainer.sandbox.pool import SandboxPool
 
 Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
 # Turn t of a batch samples with seed + t * TURN_SEED_STRIDE: apart from the per-engine and per-batch offsets.
@@ -130,8 +134,19 @@ class EpisodePlayer:
         self.context = context_limit(section, tokenizer)
         self.pool = ThreadPoolExecutor(section.max_concurrency, thread_name_prefix="episode")
         self.environment_seconds = 0.0
+        self.sandboxes: SandboxPool | None = None
+        if section.sandbox is not None:
+            from trainer.sandbox.pool import SandboxPool
+
+            # Every episode of a batch holds its sandbox through all its turns, so the pool keeps as many as a
+            # batch used (no cap): fewer would start the rest afresh each step, and the idle ones never outnumber
+            # what the largest batch already held at once.
+            self.sandboxes = SandboxPool(section.sandbox)
 
     def close(self) -> None:
+        """Kill the pooled sandboxes while the threads that started them live (bwrap dies with its thread)."""
+        if self.sandboxes is not None:
+            self.sandboxes.close()
         self.pool.shutdown(wait=True)
 
     def play(self, generate: Generate, rows: list[dict[str, Any]], params: SamplingParams, seed: int) -> list[Episode]:
@@ -186,11 +201,8 @@ class _LiveEpisode:
         episode = cls(player, row)
         prompt = str(row["prompt"])
         try:
-            spec = player.section.sandbox
-            if spec is not None:
-                from trainer.sandbox import open_sandbox
-
-                episode.sandbox = open_sandbox(spec, row.get("files") or {})
+            if player.sandboxes is not None:
+                episode.sandbox = player.sandboxes.acquire(row.get("files") or {})
             episode.env = _build(player.environment, row, player.section.max_turns, episode.sandbox)
             prompt, _ = episode.env.init(prompt)
         except Exception as error:  # an environment that cannot start is an errored episode, not a dead step
@@ -254,6 +266,8 @@ class _LiveEpisode:
                     self.error = self.error or f"close: {type(error).__name__}: {error}"
 
     def result(self) -> Episode:
+        if not self.tokens:  # it never acted (its environment failed to start): one masked token keeps the batch
+            self._append([self.player.tokenizer.eos_token_id], [0.0], 0)  # well formed when every episode failed
         rollout = Rollout(self.tokens, self.logprobs, self.finished, loss_mask=self.mask)
         return Episode(
             row=self.row,

@@ -1,5 +1,6 @@
 """The sandbox seam: where an agent episode's commands run. A model's actions are untrusted input, so each episode
-gets a sandbox of its own, opened with the episode's files and closed (processes and folder gone) at its end.
+gets a sandbox of its own, opened with the episode's files and closed (processes and folder gone) at its end, or
+lent by a pool (trainer/sandbox/pool.py) that resets a sandbox between episodes to what a fresh one would be.
 
 Backends live in modules of their own, imported only when a recipe names them (`environment.sandbox.backend`), so
 a run without agent episodes never loads one."""
@@ -61,15 +62,21 @@ def open_sandbox(spec: SandboxSection, files: Mapping[str, str | bytes]) -> Sand
     from then on and removes it on close."""
     folder = Path(tempfile.mkdtemp(prefix="rlbuild-sandbox-"))
     try:
-        for name, content in files.items():
-            path = folder / _relative(name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        write_files(folder, files)
         backend = importlib.import_module(BACKENDS[spec.backend])
         return backend.start(spec, folder)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def write_files(folder: Path, files: Mapping[str, str | bytes]) -> None:
+    """Write an episode's files into its folder; every name is checked before the first is written, so a refused
+    name leaves the folder as it was."""
+    paths = {folder / _relative(name): content for name, content in files.items()}
+    for path, content in paths.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
 
 
 def _relative(name: str) -> PurePosixPath:

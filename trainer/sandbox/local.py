@@ -4,7 +4,8 @@ sandbox.
 
 What holds each limit:
 - files: the only writable host path is the episode's folder (/work); /usr is bound read-only (bwrap binds it
-  nosuid and sets no_new_privs), /tmp is a private tmpfs; /etc, /home, /root and the host's /proc are absent.
+  nosuid and sets no_new_privs), /tmp and /dev/shm are private tmpfs; the sandbox's own root and /dev are remounted
+  read-only, so those three are all it can write; /etc, /home, /root and the host's /proc are absent.
 - network: a network namespace of its own, holding only its own loopback.
 - environment: bwrap starts with an empty environment and --clearenv; the shell sees PATH and HOME only.
 - processes (max_processes): RLIMIT_NPROC, counted per user in the sandbox's user namespace (the sandbox's
@@ -20,6 +21,20 @@ quote) is one word the shell reads to its end, and a syntax error fails that com
 eval's power to end the shell); stdin is /dev/null, so a command that reads it ends instead of waiting. The end
 of its output is a line with a marker drawn afresh for each command and typed in two halves, so neither the
 echo of `set -v` or `set -x` nor an earlier command's marker can pass for it.
+
+A sandbox can serve episode after episode (trainer/sandbox/pool.py), since starting one (~20 ms of process and
+namespace creation) costs more than the commands of a short episode. `reset` gives the next episode what a fresh
+sandbox would, or closes the sandbox for good: the shell replaces itself (`exec`, a special builtin that no
+function can shadow, quoted so no alias does) with a fresh `sh` that SIGKILLs every process of the namespace but
+itself and init (`kill -1`, which the kernel also delivers to children forked meanwhile) until /proc lists no
+other, removes System V IPC objects, and execs a fresh shell in /work with the original environment, umask and
+signal dispositions. The host then checks what it need not trust the sandbox for: the namespace holds init and the
+shell only, and every part of the shell's state that survives exec (fingerprint: executable, cwd, environment,
+open files, limits, umask, signal masks, credentials, seccomp, nice, CPU affinity) is the fresh shell's; and it
+empties the writable places (/work, /tmp, /dev/shm) and puts their modes back itself. Not reset: what the kernel
+keeps beyond the namespace's processes and files: the page cache (a file read in one episode reads faster in the
+next), pid numbers (they go on from the last episode's), and POSIX message queues and the user's keyrings, which
+only their names find.
 """
 
 from __future__ import annotations
@@ -37,19 +52,23 @@ import signal
 import subprocess
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from rlbuild.contracts.recipe import SandboxSection
-from trainer.sandbox import CommandResult, SandboxError, SandboxTimings
+from trainer.sandbox import CommandResult, SandboxError, SandboxTimings, write_files
 
 # Who the sandbox runs as when the trainer is root: the overflow uid owns no file on a host.
 SANDBOX_UID = 65534
 PRLIMIT = "/usr/bin/prlimit"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
+RESET_TIMEOUT_S = 5.0
+REAP_TRIES = 100  # rounds of kill and reap before a reset gives up on processes that will not die
+WORK = "/work"
+WRITABLE = ("/tmp", "/dev/shm")  # the sandbox's own writable places, besides the episode's folder
 CHUNK = 65536
 _AS_ROOT = (
     f"; a root trainer starts bwrap as uid {SANDBOX_UID}, so bwrap and the temporary folder (TMPDIR) must be"
@@ -86,8 +105,9 @@ def bwrap_argv(spec: SandboxSection, folder: Path, *options: str) -> list[str]:
         *("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
         *("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"),
         *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
-        *("--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(folder), "/work", "--chdir", "/work"),
-        *("--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work"),
+        *("--proc", "/proc", "--dev", "/dev", *(option for place in WRITABLE for option in ("--tmpfs", place))),
+        *("--bind", str(folder), WORK, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK),
+        *("--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK),
         *options,
         PRLIMIT,
         f"--as={spec.memory_mb << 20}",
@@ -102,19 +122,49 @@ def as_sandbox_user(folder: Path) -> dict[str, Any]:
     belongs."""
     if os.geteuid() != 0:
         return {}
+    hand_over(folder)
+    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
+
+
+def hand_over(folder: Path) -> None:
+    """Give the folder and what it holds to the sandbox's user, when the trainer is root (see SANDBOX_UID)."""
+    if os.geteuid() != 0:
+        return
     for parent, _, names in os.walk(folder):
         for path in [parent, *(os.path.join(parent, name) for name in names)]:
             os.chown(path, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
-    return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
 
 
 def start(spec: SandboxSection, folder: Path) -> LocalSandbox:
     return LocalSandbox(spec, folder)
 
 
+# What a reset's fresh `sh` runs, as the shell's own process (so the old shell's children are its children, reaped
+# by the foreground `true`'s wait, which takes any child). `kill -1` spares only the caller and the namespace's
+# init; /proc lists zombies too, so a listing of those two alone means every other process is gone and reaped.
+# It owes nothing to the old shell's exported variables (dash sets IFS afresh; every command is a builtin or a
+# full path) and ends in `env`, which gives the new shell the fresh one's environment and default signal actions.
+_RESTART = """kill -9 -1 2>/dev/null
+n=0
+until set -- /proc/[0-9]*; [ $# = 2 ] && [ "$2" = "/proc/$$" ] || [ "$((n += 1))" -gt {tries} ]; do
+    kill -9 -1 2>/dev/null; /usr/bin/true
+done
+for table in msg sem shm; do {{ read -r _ && read -r _ && ipc=used; }} < "/proc/sysvipc/$table"; done
+[ $# = 2 ] && [ "$2" = "/proc/$$" ] && {{ [ -z "$ipc" ] || /usr/bin/ipcrm --all; }} && umask {umask} && cd {work}
+{marker}
+exec /usr/bin/env -i --default-signal {environment} /bin/sh"""
+# The lines of /proc/PID/status that exec keeps: with the rest of _fingerprint, what a restarted shell could carry
+# over from an episode.
+_KEPT_STATUS = frozenset(
+    {"Umask", "Uid", "Gid", "Groups", "SigBlk", "SigIgn", "SigCgt", "NoNewPrivs", "Seccomp", "Cpus_allowed_list"}
+    | {"Mems_allowed_list", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}
+)
+
+
 class LocalSandbox:
     """An episode's sandbox. It dies with the thread that opened it (bwrap's --die-with-parent follows the thread
-    that started bwrap, as PR_SET_PDEATHSIG does), so open it on a thread that outlives the episode."""
+    that started bwrap, as PR_SET_PDEATHSIG does), so open it on a thread that outlives the episode (and, reused
+    through `reset`, every later episode)."""
 
     def __init__(self, spec: SandboxSection, folder: Path) -> None:
         began = time.monotonic()
@@ -150,10 +200,16 @@ class LocalSandbox:
             os.close(info_read)
         self._pidfd = self._open_init(info)
         self._finalizer = weakref.finalize(self, _destroy, self._process, self._pidfd, folder)
-        ready = self._exchange("", began + START_TIMEOUT_S, f"the shell did not answer in {START_TIMEOUT_S:g} s")
-        if ready.exit_code is None:
+        self._answer(began + START_TIMEOUT_S, f"the shell did not answer in {START_TIMEOUT_S:g} s", "start")
+        try:
+            [self._shell] = _children(self.init_pid)
+            self._fresh = _fingerprint(self._shell)
+            self._environment = Path(f"/proc/{self._shell}/environ").read_bytes().decode().split("\0")[:-1]
+            places = [folder, *(Path(f"/proc/{self._shell}/root{place}") for place in WRITABLE)]
+            self._modes = {place: place.stat().st_mode for place in places}
+        except (OSError, ValueError) as error:
             self.close()
-            raise SandboxError(f"the local sandbox did not start ({ready.note}): {ready.output.strip()}")
+            raise SandboxError(f"the local sandbox's shell cannot be inspected from the host: {error}") from None
         self.timings.start_s = time.monotonic() - began
 
     def _open_init(self, info: bytes) -> int:
@@ -172,6 +228,11 @@ class LocalSandbox:
                 f"where AppArmor restricts them){_AS_ROOT}"
             ) from None
 
+    @property
+    def ended(self) -> bool:
+        """Whether the sandbox is gone (a limit, the shell's exit, close): it serves no further episode."""
+        return self._ended
+
     def run(self, command: str) -> CommandResult:
         """Run `command` in the episode's shell. A newline in it is part of the command (a multi-line script),
         not a second command."""
@@ -184,17 +245,78 @@ class LocalSandbox:
         else:
             limit = self.spec.command_timeout_s
             deadline, overtime = limit, f"the command ran past its {limit:g} s limit"
-        result = self._exchange(f"command eval {shlex.quote(command)} </dev/null\n", began + deadline, overtime)
+        quoted = shlex.quote(command)
+        result = self._exchange(
+            lambda marker: f"command eval {quoted} </dev/null\n{marker}\n", began + deadline, overtime
+        )
         self.timings.commands += 1
         self.timings.command_s += result.seconds
         return result
 
-    def _exchange(self, script: str, deadline: float, overtime: str) -> CommandResult:
-        """Type `script` and a marker line into the shell, and read until the marker, the deadline (`overtime`
-        says whose) or the shell's end; the sandbox is stopped unless the marker came."""
+    def reset(self) -> None:
+        """Make the sandbox what a fresh one would be for the next episode (see the module's docstring), with a
+        fresh time budget and timings; or, if any part fails or takes past RESET_TIMEOUT_S, close it for good and
+        raise SandboxError."""
+        began = time.monotonic()
+        overtime = f"the reset took past {RESET_TIMEOUT_S:g} s"
+        try:
+            if self._ended:
+                raise SandboxError("the episode ended the sandbox")
+            self._carry = b""  # the last episode's background output
+            restart = self._exchange(self._restart, began + RESET_TIMEOUT_S, overtime)
+            if restart.exit_code != 0:
+                said = restart.output.strip()[-500:]
+                raise SandboxError(f"the shell did not restart cleanly ({restart.note or said or restart.exit_code})")
+            self._answer(began + RESET_TIMEOUT_S, overtime, "restart")
+            self._check_restarted()
+            for place, mode in self._modes.items():
+                place.chmod(mode)
+                _empty(place)
+        except (SandboxError, OSError) as error:
+            self.close()
+            raise SandboxError(f"the local sandbox could not be reset and was closed: {error}") from None
+        self.timings = SandboxTimings(start_s=time.monotonic() - began)
+
+    def load(self, files: Mapping[str, str | bytes]) -> None:
+        """Write the next episode's files into a reset sandbox's folder, from the host (nothing runs inside)."""
+        began = time.monotonic()
+        write_files(self.folder, files)
+        hand_over(self.folder)
+        self.timings.start_s += time.monotonic() - began
+
+    def _restart(self, marker: str) -> str:
+        """What the old shell is typed to restart: one line, so nothing after it is left in the old shell's
+        read-ahead, which exec drops; fds 3-9 (all a shell's redirections can open) closed, stderr put back."""
+        umask = next(line.split()[1] for line in self._fresh if line.startswith("Umask:"))
+        environment = " ".join(map(shlex.quote, self._environment))
+        script = _RESTART.format(tries=REAP_TRIES, umask=umask, work=WORK, marker=marker, environment=environment)
+        closed = " ".join(f"{fd}>&-" for fd in range(3, 10))
+        return f"\\exec 2>&1 {closed} /bin/sh -c {shlex.quote(script)}\n"
+
+    def _check_restarted(self) -> None:
+        """What a reset need not trust the sandbox's shell for, checked from the host."""
+        others = [pid for pid in _children(self.init_pid) if pid != self._shell] + _children(self._shell)
+        if others:
+            raise SandboxError(f"processes outlived the reset (host pids {others})")
+        if (state := _fingerprint(self._shell)) != self._fresh:
+            raise SandboxError(
+                f"the restarted shell differs from a fresh one in {sorted(set(state) - set(self._fresh))}"
+            )
+
+    def _answer(self, deadline: float, overtime: str, doing: str) -> None:
+        """Wait for the shell to answer (it ran nothing yet, or just restarted); close the sandbox if it does not."""
+        ready = self._exchange(lambda marker: f"{marker}\n", deadline, overtime)
+        if ready.exit_code is None:
+            self.close()
+            raise SandboxError(f"the local sandbox did not {doing} ({ready.note}): {ready.output.strip()}")
+
+    def _exchange(self, script: Callable[[str], str], deadline: float, overtime: str) -> CommandResult:
+        """Type `script(marker)` into the shell, `marker` being the command that prints the end line, and read
+        until that line, the deadline (`overtime` says whose) or the shell's end; the sandbox is stopped unless
+        the line came."""
         began = time.monotonic()
         head, tail = secrets.token_hex(8), secrets.token_hex(8)
-        typed = f"{script}printf '%s%s %s\\n' {head} {tail} \"$?\"\n".encode(errors="replace")
+        typed = script(f"printf '%s%s %s\\n' {head} {tail} \"$?\"").encode(errors="replace")
         output = _Output(f"{head}{tail} ".encode(), self.spec.max_output_bytes)
         finished, gone = output.feed(self._carry), False
         assert self._process.stdin is not None and self._process.stdout is not None
@@ -333,3 +455,35 @@ def _open_up(function: Callable[[str], object], path: str, error: BaseException)
     back, so the episode's folder still goes."""
     os.chmod(os.path.dirname(path), 0o700)
     function(path)
+
+
+def _children(pid: int) -> list[int]:
+    """Host pids of a process's children (its only thread's: the sandbox's init and shell have one each)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _fingerprint(pid: int) -> tuple[str, ...]:
+    """What of a process's state exec keeps, from the host's /proc."""
+    proc = Path(f"/proc/{pid}")
+    status = [line for line in (proc / "status").read_text().splitlines() if line.split(":")[0] in _KEPT_STATUS]
+    nice = (proc / "stat").read_text().rsplit(")", 1)[1].split()[16]  # field 19, counting from the pid
+    files = [f"fd {fd} {os.readlink(proc / 'fd' / fd)}" for fd in sorted(os.listdir(proc / "fd"))]
+    return (
+        f"exe {os.readlink(proc / 'exe')}",
+        f"cwd {os.readlink(proc / 'cwd')}",
+        f"environ {(proc / 'environ').read_bytes()!r}",
+        f"personality {(proc / 'personality').read_text().strip()}",
+        f"nice {nice}",
+        *status,
+        *(proc / "limits").read_text().splitlines(),
+        *files,
+    )
+
+
+def _empty(folder: Path) -> None:
+    """Remove what a folder holds (dotfiles included), not the folder: a mount point of the sandbox."""
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, onexc=_open_up)
+        else:
+            os.unlink(entry.path)
