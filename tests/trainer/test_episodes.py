@@ -132,7 +132,8 @@ def test_an_environment_that_raises_ends_its_episode_as_an_error_and_the_others_
     assert failed.error is not None and failed.error.startswith("step: RuntimeError: the verifier crashed at ")
     assert (solved.ended, solved.reward) == ("done", 1.0)
     [never] = _play(script, rows[:1], env_class=f"{__name__}:FailingAtInit", max_turns=3, max_context_tokens=64)
-    assert (never.ended, never.reward, never.turns, never.rollout.token_ids) == ("error", 0.0, [], [])
+    assert (never.ended, never.reward, never.turns) == ("error", 0.0, [])
+    assert (never.rollout.token_ids, never.rollout.loss_mask) == ([TOKENIZER.eos_token_id], [0])  # trains nothing
     assert never.error is not None and never.error.startswith("init: ValueError: no such task")
     assert episode_statistics([failed, solved, never])["error_frac"] == pytest.approx(2 / 3)
 
