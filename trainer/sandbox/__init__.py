@@ -43,6 +43,21 @@ class SandboxTimings:
     command_s: float = 0.0  # all commands together: what the episode's time limit counts
 
 
+class ClosedOnExit:
+    """`with` closes it: the context-manager half every sandbox and pool shares."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
 class Sandbox(Protocol):
     timings: SandboxTimings
 

@@ -54,11 +54,10 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from rlbuild.contracts.recipe import SandboxSection
-from trainer.sandbox import CommandResult, SandboxError, SandboxTimings, write_files
+from trainer.sandbox import ClosedOnExit, CommandResult, SandboxError, SandboxTimings, write_files
 
 # Who the sandbox runs as when the trainer is root: the overflow uid owns no file on a host.
 SANDBOX_UID = 65534
@@ -161,7 +160,7 @@ _KEPT_STATUS = frozenset(
 )
 
 
-class LocalSandbox:
+class LocalSandbox(ClosedOnExit):
     """An episode's sandbox. It dies with the thread that opened it (bwrap's --die-with-parent follows the thread
     that started bwrap, as PR_SET_PDEATHSIG does), so open it on a thread that outlives the episode (and, reused
     through `reset`, every later episode)."""
@@ -363,14 +362,6 @@ class LocalSandbox:
         """Kill every process of the sandbox and remove its folder; again, or after the episode ended, is a no-op."""
         self._ended = True
         self._finalizer()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class _Output:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Protocol, Self, cast
+from typing import Protocol, cast
 
 from rlbuild.contracts.recipe import SandboxSection
-from trainer.sandbox import CommandResult, Sandbox, SandboxError, SandboxTimings, open_sandbox
+from trainer.sandbox import ClosedOnExit, CommandResult, Sandbox, SandboxError, SandboxTimings, open_sandbox
 
 
 class Reusable(Sandbox, Protocol):
@@ -34,7 +33,7 @@ class Reusable(Sandbox, Protocol):
     def load(self, files: Mapping[str, str | bytes]) -> None: ...
 
 
-class SandboxPool:
+class SandboxPool(ClosedOnExit):
     """Sandboxes of one spec, lent one episode at a time. `size` bounds the idle sandboxes kept; None keeps every
     one given back, at most as many as were ever lent at once."""
 
@@ -100,16 +99,8 @@ class SandboxPool:
         with self._lock:
             self._alive.discard(sandbox)
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class _Lease:
+class _Lease(ClosedOnExit):
     """One episode's hold on a pooled sandbox: closing it gives the sandbox back once, and a command after that is
     refused, so an episode that kept a reference cannot reach the next episode's sandbox."""
 
@@ -127,11 +118,3 @@ class _Lease:
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.give_back(self.sandbox)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
-    ) -> None:
-        self.close()
