@@ -10,6 +10,7 @@ seed).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
@@ -50,24 +51,28 @@ def cache_folder() -> Path | None:
 
 def build_or_copy(out: Path, seed: int, variant: str, build: Callable[[Path], int], folder: Path | None) -> int:
     """Make the base model `variant` of `seed` in `out`: copied from `folder`'s build of the same key, or built by
-    `build` (an exit code) and then kept there. The kept copy appears whole or not at all (a rename), so a build
-    killed midway, or two builds at once, never leave a partial model to be copied."""
-    kept = folder / cache_key(seed, variant) if folder is not None else None
-    if kept is not None and kept.is_dir():
-        shutil.copytree(kept, out, dirs_exist_ok=True)
-        return 0
-    code = build(out)
-    if code != 0 or kept is None:
+    `build` (an exit code) and then kept there. Builds of one key take turns (a lock file beside the kept copy), so
+    two graphs or tests that want the same model at once build it once (the agent variant's warm start takes
+    minutes); the kept copy appears whole or not at all (a rename), so a build killed midway never leaves a partial
+    model to be copied."""
+    if folder is None:
+        return build(out)
+    kept = folder / cache_key(seed, variant)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = (folder / f".{kept.name}.lock").open("a")
+    except OSError as error:  # a cache that cannot be written costs this build its copy, not the build
+        said = f"the base model is built but not kept in ${CACHE_ENV} ({folder}: {error}); fix or unset it"
+        print(f"rlbuild: {said}", file=sys.stderr)
+        return build(out)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or with the process
+        if kept.is_dir():
+            shutil.copytree(kept, out, dirs_exist_ok=True)
+            return 0
+        code = build(out)
+        if code == 0:
+            partial = Path(tempfile.mkdtemp(prefix=f".{kept.name}.partial-", dir=folder))
+            shutil.copytree(out, partial, dirs_exist_ok=True)
+            partial.rename(kept)
         return code
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{kept.name}.partial-", dir=kept.parent))
-    except OSError as error:  # a cache that cannot be written costs the next build its copy, not this build
-        print(f"rlbuild: base model built, not kept in ${CACHE_ENV} ({error}); fix or unset it", file=sys.stderr)
-        return 0
-    shutil.copytree(out, partial, dirs_exist_ok=True)
-    try:
-        partial.rename(kept)
-    except OSError:  # another build of the same key was kept first: the same bits
-        shutil.rmtree(partial, ignore_errors=True)
-    return 0
