@@ -53,7 +53,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return recipe
 
 
-def _perturbed_base(seed: int, scale: float) -> Path:
+def _perturbed_base(seed: int, variant: str, scale: float) -> Path:
     """A copy of the seed's base model with every weight scaled by (1 + scale * N(0, 1)), cached like the base."""
     import shutil
 
@@ -62,7 +62,7 @@ def _perturbed_base(seed: int, scale: float) -> Path:
 
     from rlbuild.dev.launches import base_model_dir
 
-    base = base_model_dir(seed)
+    base = base_model_dir(seed, variant)
     folder = base.with_name(f"{base.name}-perturbed-{scale:g}")
     if not (folder / "config.json").exists():
         partial = Path(tempfile.mkdtemp(prefix=f"{folder.name}.partial-", dir=folder.parent))
@@ -81,40 +81,37 @@ def _perturbed_base(seed: int, scale: float) -> Path:
 def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any], steps: int | None) -> dict[str, Any]:
     """One training run in this process; returns its summary."""
     from rlbuild.contracts.launch import load_launch
-    from rlbuild.dev.launches import write_test_launch
+    from rlbuild.dev.launches import write_shipped_launch
     from rlbuild.plan.series import deep_merge
     from trainer import loop
     from trainer.commands import evaluate
 
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"tiny-{task}.yaml").read_text())
-    recipe = deep_merge(experiment["recipe"], overrides.get("recipe", {}))
-    role_plan = {**experiment["role_plan"], **overrides.get("role_plan", {})}
-    trainer = recipe.setdefault("trainer", {})
-    if steps:
-        trainer["max_steps"] = steps
-    max_steps = trainer.get("max_steps", 500)
-    trainer.update({"ckpt_interval": max_steps, "eval_interval": max(max_steps // 10, 1), "eval_before_train": True})
+    trainer = overrides.setdefault("recipe", {}).setdefault("trainer", {})
+    max_steps = steps or deep_merge(experiment["recipe"], overrides["recipe"])["trainer"].get("max_steps", 500)
+    trainer.update({"max_steps": max_steps, "ckpt_interval": max_steps, "eval_interval": max(max_steps // 10, 1)})
+    trainer["eval_before_train"] = True
     if perturbation == "threads-2":
         trainer["num_threads"] = 2
-    model_dir = _perturbed_base(seed, 1e-6) if perturbation == "weights-1e-6" else None
-    revision = experiment["data"]["train"][0]["revision"]
+    variant = experiment["model"]["revision"]
+    model_dir = _perturbed_base(seed, variant, 1e-6) if perturbation == "weights-1e-6" else None
+    rows = experiment["data"]["train"][0]["source"].removeprefix("task:").split("/")[0]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"rlbuild-spread-{task}-{seed}-") as tmp:
-        path = write_test_launch(
+        path = write_shipped_launch(
             Path(tmp),
-            task=task,
+            f"tiny-{task}",
             seed=seed,
-            data_seed=int(revision.removeprefix("seed-")),
-            role_plan=role_plan,
-            recipe=recipe,
+            recipe=overrides["recipe"],
+            role_plan=overrides.get("role_plan"),
             model_dir=model_dir,
         )
         launch = load_launch(str(path))
         manifest = loop.run(launch)
         records = [json.loads(line) for line in Path(launch.artifacts.metrics_uri).read_text().splitlines()]
         final = Path(manifest["hf_path"])
-        train_rows = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{task}-train-*.jsonl")).open()]
-        validation = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{task}-validation-*.jsonl")).open()]
+        train_rows = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{rows}-train-*.jsonl")).open()]
+        validation = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{rows}-validation-*.jsonl")).open()]
         section = launch.recipe.environment
         train_accuracy = evaluate.evaluate(final, train_rows[: len(validation)], environment=section)["accuracy"]
     rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
@@ -160,7 +157,7 @@ def _print_cell(cell: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", action="append", choices=("addition", "reversal"))
+    parser.add_argument("--task", action="append", choices=("addition", "reversal", "agent"))
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 1, 7])
     parser.add_argument("--perturb", nargs="+", choices=PERTURBATIONS, default=["none", "isa-avx2", "weights-1e-6"])
     parser.add_argument("--steps", type=int, help="override max_steps (a smoke run)")

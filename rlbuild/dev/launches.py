@@ -152,3 +152,29 @@ def write_test_launch(tmp_path: Path, *, version: str = "dev", storage_root: str
     path = root / "launch.yaml"
     path.write_text(dump_launch(plan.launch))
     return path
+
+
+def write_shipped_launch(
+    tmp_path: Path,
+    name: str,
+    *,
+    seed: int | None = None,
+    recipe: dict[str, Any] | None = None,
+    role_plan: dict[str, Any] | None = None,
+    model_dir: Path | None = None,
+) -> Path:
+    """The shipped experiment `config/experiments/<name>.yaml` as a trainer's launch (write_test_launch): its seed
+    (or `seed`), task and split, role plan (with `role_plan` over it) and recipe (with `recipe` merged over it), on
+    the seed's base model of the variant its model revision names (or the HF folder `model_dir`)."""
+    experiment = yaml.safe_load((REPO / "config" / "experiments" / f"{name}.yaml").read_text())
+    train = experiment["data"]["train"][0]
+    seed = experiment["seed"] if seed is None else seed
+    return write_test_launch(
+        tmp_path,
+        task=train["source"].removeprefix("task:").split("/")[0],
+        seed=seed,
+        data_seed=int(train["revision"].removeprefix("seed-")),
+        role_plan={**experiment["role_plan"], **(role_plan or {})},
+        recipe=deep_merge(experiment["recipe"], recipe or {}),
+        model_dir=model_dir or base_model_dir(seed, experiment["model"]["revision"]),
+    )

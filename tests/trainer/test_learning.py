@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from rlbuild.contracts.launch import load_launch
-from rlbuild.dev.launches import base_model_dir, write_test_launch
+from rlbuild.dev.launches import write_shipped_launch
 from trainer import loop
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"
@@ -28,21 +28,9 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"
 def _train(tmp_path: Path, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The shipped experiment `tiny-<name>` (its seed, base model variant, task, split, role plan and recipe),
     evaluated ten times on the way; returns the terminal manifest's metrics and every metrics line."""
-    experiment = yaml.safe_load((EXPERIMENTS / f"tiny-{name}.yaml").read_text())
-    recipe = experiment["recipe"]
-    steps = recipe["trainer"]["max_steps"]
-    recipe["trainer"].update({"ckpt_interval": steps, "eval_interval": max(steps // 10, 1), "eval_before_train": True})
-    train = experiment["data"]["train"][0]
-    path = write_test_launch(
-        tmp_path,
-        task=train["source"].removeprefix("task:").split("/")[0],
-        seed=experiment["seed"],
-        data_seed=int(train["revision"].removeprefix("seed-")),
-        role_plan=experiment["role_plan"],
-        recipe=recipe,
-        model_dir=base_model_dir(experiment["seed"], experiment["model"]["revision"]),
-    )
-    launch = load_launch(str(path))
+    steps = yaml.safe_load((EXPERIMENTS / f"tiny-{name}.yaml").read_text())["recipe"]["trainer"]["max_steps"]
+    schedule = {"ckpt_interval": steps, "eval_interval": max(steps // 10, 1), "eval_before_train": True}
+    launch = load_launch(str(write_shipped_launch(tmp_path, f"tiny-{name}", recipe={"trainer": schedule})))
     summary = loop.run(launch)["metrics"]
     records = [json.loads(line) for line in Path(launch.artifacts.metrics_uri).read_text().splitlines()]
     return summary, records
