@@ -111,7 +111,7 @@ def train(
             roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe, step, cursor
         )
         cursor = sampled.cursor
-        environment_s = player.spent() if player is not None else 0.0
+        environment_s, sandboxes_started = player.spent() if player is not None else (0.0, 0)
         write_trajectories(launch, step, sampled.drawn)
         clock.lap("rollout")
         update = sampled.update
@@ -126,6 +126,7 @@ def train(
         values = step_metrics(sampled, g.n_samples_per_prompt, batch, stats, sync_error, clock)
         if player is not None:  # where an agent run's rollout time went
             values["perf/environment_time_s"] = environment_s
+            values["perf/sandboxes_started"] = sandboxes_started
         if _due(step, t.eval_interval, t.max_steps):
             values |= accuracies(launch, roles, inputs)
         stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point

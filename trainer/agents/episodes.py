@@ -134,6 +134,7 @@ class EpisodePlayer:
         self.context = context_limit(section, tokenizer)
         self.pool = ThreadPoolExecutor(section.max_concurrency, thread_name_prefix="episode")
         self.environment_seconds = 0.0
+        self._started_before = 0
         self.sandboxes: SandboxPool | None = None
         if section.sandbox is not None:
             from trainer.sandbox.pool import SandboxPool
@@ -169,11 +170,14 @@ class EpisodePlayer:
             self.environment_seconds += time.perf_counter() - started
         return [e.result() for e in live]
 
-    def spent(self) -> float:
-        """Wall seconds spent on the environment side (sandboxes started and closed, steps taken) since the last
-        call: the share of a step the policy's engines were not the bottleneck."""
+    def spent(self) -> tuple[float, int]:
+        """Since the last call: wall seconds spent on the environment side (sandboxes started, reset and closed,
+        steps taken: the share of a step the policy's engines were not the bottleneck), and sandboxes started
+        afresh rather than reused (a warm pool starts none once its first batch has run)."""
         seconds, self.environment_seconds = self.environment_seconds, 0.0
-        return seconds
+        started = self.sandboxes.started if self.sandboxes is not None else 0
+        fresh, self._started_before = started - self._started_before, started
+        return seconds, fresh
 
     def _start(self, row: dict[str, Any]) -> _LiveEpisode:
         return _LiveEpisode.start(self, row)
