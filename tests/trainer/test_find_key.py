@@ -19,11 +19,11 @@ from rlbuild.plan.preflight import check_experiment, parse_experiment
 from tests.conftest import EXPERIMENTS
 from trainer import tiny
 from trainer.agents import find_key, warm_start
-from trainer.agents.find_key import FindTheKey, key_file
+from trainer.agents.find_key import FindTheKey
 from trainer.sandbox import Sandbox, open_sandbox
 
 SANDBOX = SandboxSection(command_timeout_s=5, episode_timeout_s=20)
-ROW = {"prompt": find_key.PROMPT, "answer": "927", "files": find_key.make_files("kbj", "dhp", 927, 413)}
+ROW = {"prompt": find_key.PROMPT, "answer": "927", "files": find_key.make_files("kbj", "dhe", 927, 413)}
 
 
 def test_the_single_turn_variant_is_the_one_addition_and_reversal_learnt_with() -> None:
@@ -64,7 +64,8 @@ def test_rows_are_reproducible_and_validation_holds_names_and_values_train_never
     assert train == task.rows("train", "seed-0") and train != task.rows("train", "seed-1")
     for row in train + validation:
         assert row["prompt"] == find_key.PROMPT
-        assert row["files"][key_file(row["files"])] == f"{row['answer']}\n" and len(row["files"]) == 2
+        keys = [name for name in row["files"] if name.startswith(find_key.KEY_PREFIX)]
+        assert len(keys) == 1 and len(row["files"]) == 2 and row["files"][keys[0]] == f"{row['answer']}\n"
 
     def names(rows: list[dict]) -> set[str]:
         return {name for row in rows for name in row["files"]}
@@ -95,14 +96,14 @@ def _play(sandbox: Sandbox, actions: list[str], max_turns: int = 3, row: dict | 
 
 def test_the_rule_finds_the_key_and_its_transcript_is_the_warm_starts(sandbox: Sandbox) -> None:
     reward, transcript = _play(sandbox, ["ls|", "cat kbj|", "ans 927"])
-    assert (reward, transcript) == (1.0, "find key:|ls|>dhp kbj|cat kbj|>927|ans 927")
+    assert (reward, transcript) == (1.0, "find key:|ls|>dhe kbj|cat kbj|>927|ans 927")
     assert _play(sandbox, ["ls|", "cat kbj|", "ans 927|"])[0] == 1.0  # the answer may end with the turn stop
     # The warm start writes the shell's output instead of running it: the same text as the real shell's.
-    assert find_key.observation(warm_start.listing(ROW["files"])) == ">dhp kbj|"
+    assert find_key.observation(warm_start.listing(ROW["files"])) == ">dhe kbj|"
 
 
 def test_a_wrong_answer_a_rewritten_key_and_no_answer_score_nothing(sandbox: Sandbox) -> None:
-    assert _play(sandbox, ["ls|", "cat dhp|", "ans 413"]) == (0.0, "find key:|ls|>dhp kbj|cat dhp|>413|ans 413")
+    assert _play(sandbox, ["ls|", "cat dhe|", "ans 413"]) == (0.0, "find key:|ls|>dhe kbj|cat dhe|>413|ans 413")
     assert _play(sandbox, ["echo 1 >kbj|", "ans 1"])[0] == 0.0  # the key as the row has it, not as rewritten
     reward, transcript = _play(sandbox, ["cat zzz|", "hello|", "ls|"])
     assert reward == 0.0  # three turns and no answer: the last action does not run

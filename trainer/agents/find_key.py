@@ -1,10 +1,11 @@
 """Find the key: a multi-turn agent task in skyrl-gym's text convention, played against a real shell.
 
-Each episode's sandbox holds two files of three digits: the key, whose name starts with `k`, and a decoy. The model
-types shell commands and reads their output; its answer scores 1.0 only if it is the key file's content. The rule
-(list the files, open the one starting with `k`, answer what it says) takes three turns:
+Each episode's sandbox holds two files of three digits: the key, whose name is `k` and two letters, and a decoy
+named by three letters. The model types shell commands and reads their output; its answer scores 1.0 only if it
+is the key file's content. The rule (list the files, open the one starting with `k`, answer what it says) takes
+three turns:
 
-    find key:|ls|>dhp kbj|cat kbj|>927|ans 927<eos>
+    find key:|ls|>dhe kbj|cat kbj|>927|ans 927<eos>
 
 The prompt ends with the turn stop `|`; each action ends with it too (the engine stops a turn there), except the
 answer, which ends the episode with <eos>; each observation starts with `>` and ends with `|`, so the next action
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import itertools
 import random
-import shlex
 import string
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trainer.tasks import TaskError, revision_seed, split_rows
@@ -34,7 +33,10 @@ TURN_STOP = "|"
 OBSERVATION_START = ">"
 ANSWER_PREFIX = "ans "
 KEY_PREFIX = "k"
-NAME_LETTERS = string.ascii_lowercase
+# Names are three letters from ten: a 2-layer model learns to copy a letter token by token, and with all 26 letters
+# it still took the third letter from the other name one time in six after 1000 warm-start steps (held-out success
+# stalled near 0.8); with ten, sampled episodes miscopied 0.02 of names after 500. The key is `k` and two of them.
+NAME_LETTERS = "abcdefghij"
 NAME_LENGTH = 3
 VALUES = range(100, 1000)
 ROWS = {"train": 512, "validation": 64}
@@ -51,28 +53,22 @@ class EpisodeError(TaskError):
     """An episode played without what it needs (a sandbox, the row's files)."""
 
 
+def all_names() -> tuple[list[str], list[str]]:
+    """Every key name (KEY_PREFIX and two letters) and every decoy name (three letters; KEY_PREFIX is not one)."""
+    decoys = ["".join(letters) for letters in itertools.product(NAME_LETTERS, repeat=NAME_LENGTH)]
+    keys = [KEY_PREFIX + "".join(rest) for rest in itertools.product(NAME_LETTERS, repeat=NAME_LENGTH - 1)]
+    return keys, decoys
+
+
 def _name_pools(split: str, revision: str) -> tuple[list[str], list[str]]:
     """The key names and the decoy names `split` draws from: disjoint from the other split's."""
-    names = ["".join(letters) for letters in itertools.product(NAME_LETTERS, repeat=NAME_LENGTH)]
-    keys = [name for name in names if name.startswith(KEY_PREFIX)]
-    decoys = [name for name in names if not name.startswith(KEY_PREFIX)]
+    keys, decoys = all_names()
     return split_rows(keys, split, revision), split_rows(decoys, split, revision)
 
 
 def make_files(key: str, decoy: str, key_value: int, decoy_value: int) -> dict[str, str]:
     """The episode's folder: each file holds its value and a newline, as `echo` writes it."""
     return {key: f"{key_value}\n", decoy: f"{decoy_value}\n"}
-
-
-def key_file(files: Mapping[str, str]) -> str:
-    """The name of the key among an episode's files (the one that starts with KEY_PREFIX)."""
-    found = [name for name in files if name.startswith(KEY_PREFIX)]
-    if len(found) != 1:
-        raise EpisodeError(
-            f"row files {sorted(files)} hold {len(found)} names starting with {KEY_PREFIX!r}; a find_key row holds "
-            "exactly one (generate rows with FindTheKey.rows)"
-        )
-    return found[0]
 
 
 def observation(text: str) -> str:
@@ -137,11 +133,9 @@ class FindTheKey:
         }
 
     def _score(self, answer: str) -> float:
-        """1.0 if `answer` is what the key file holds, read inside the sandbox, and that is still the row's answer:
-        a model that rewrites the key file (`echo 1>kbj`) and answers what it wrote earns nothing."""
-        name = key_file(self.extras.get("files") or {})
-        read = self._sandbox().run(f"cat -- {shlex.quote(name)}")
-        return 1.0 if answer == read.output.strip() == str(self.extras.get("answer")) else 0.0
+        """1.0 if `answer` is the key the row put in the sandbox: the row's copy, which no command reaches, so a
+        model that rewrites the key file (`echo 1>kbj`) and answers what it wrote earns nothing."""
+        return 1.0 if answer == str(self.extras.get("answer")) else 0.0
 
     def _sandbox(self) -> Sandbox:
         sandbox = self.extras.get("sandbox")

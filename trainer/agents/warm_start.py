@@ -14,17 +14,14 @@ tests/trainer/test_find_key.py checks it against the real environment and shell.
 
 from __future__ import annotations
 
-import itertools
 import random
 
 from trainer.agents.find_key import (
     ANSWER_PREFIX,
-    KEY_PREFIX,
-    NAME_LENGTH,
-    NAME_LETTERS,
     PROMPT,
     TURN_STOP,
     VALUES,
+    all_names,
     make_files,
     observation,
 )
@@ -33,10 +30,8 @@ RIGHT_SHARE = 0.3
 # Copying a file name from the listing takes the steps: after 600, the next two letters after `cat x` were right
 # 0.75 of the time, and sampled episodes found the key 0.10 of the time; after 1000, 0.93 and 0.25-0.38 (three build
 # seeds; trainer/README.md, "The tiny agent model").
-WARM_START_STEPS = 1000
-NAMES = ["".join(letters) for letters in itertools.product(NAME_LETTERS, repeat=NAME_LENGTH)]
-KEYS = [name for name in NAMES if name.startswith(KEY_PREFIX)]
-DECOYS = [name for name in NAMES if not name.startswith(KEY_PREFIX)]
+WARM_START_STEPS = 600
+KEYS, DECOYS = all_names()
 
 
 def listing(files: dict[str, str]) -> str:
