@@ -89,8 +89,8 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"tiny-{task}.yaml").read_text())
     trainer = overrides.setdefault("recipe", {}).setdefault("trainer", {})
     max_steps = steps or deep_merge(experiment["recipe"], overrides["recipe"])["trainer"].get("max_steps", 500)
-    trainer.update({"max_steps": max_steps, "ckpt_interval": max_steps, "eval_interval": max(max_steps // 10, 1)})
-    trainer["eval_before_train"] = True
+    schedule = {"ckpt_interval": max_steps, "eval_interval": max(max_steps // 10, 1), "eval_before_train": True}
+    trainer.update(schedule | trainer | {"max_steps": max_steps})  # a --set eval_interval wins
     if perturbation == "threads-2":
         trainer["num_threads"] = 2
     variant = experiment["model"]["revision"]
@@ -112,8 +112,9 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
         final = Path(manifest["hf_path"])
         train_rows = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{rows}-train-*.jsonl")).open()]
         validation = [json.loads(x) for x in next((Path(tmp) / "sources").glob(f"{rows}-validation-*.jsonl")).open()]
-        section = launch.recipe.environment
-        train_accuracy = evaluate.evaluate(final, train_rows[: len(validation)], environment=section)["accuracy"]
+        turn, section = launch.recipe.generator.eval_sampling_params.max_generate_length, launch.recipe.environment
+        scored = evaluate.evaluate(final, train_rows[: len(validation)], max_tokens=turn, environment=section)
+        train_accuracy = scored["accuracy"]
     rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
     return {
         "task": task,
