@@ -62,6 +62,10 @@ COVERED_ELSEWHERE = {
         "tests/trainer/test_learning.py::test_the_shipped_experiment_learns_its_held_out_prompts[reversal] (its "
         "recipe, seed and split, held-out accuracy >= 0.7)"
     ),
+    "snakemake --cores 2 --config experiment=tiny-agent": (
+        "tests/trainer/test_learning.py::test_the_shipped_experiment_learns_its_held_out_prompts[agent] (its recipe, "
+        "seed and split, held-out success >= 0.8)"
+    ),
     "snakemake --cores 2 --config experiment=tiny-series": (
         "tests/e2e/test_series.py (the shipped series on a budget: every arm, the smoke first, the report)"
     ),

@@ -27,9 +27,9 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "config" / "experiments"
 
 def _train(tmp_path: Path, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The shipped experiment `tiny-<name>` (its seed, base model variant, task, split, role plan and recipe),
-    evaluated ten times on the way; returns the terminal manifest's metrics and every metrics line."""
+    evaluated five times on the way; returns the terminal manifest's metrics and every metrics line."""
     steps = yaml.safe_load((EXPERIMENTS / f"tiny-{name}.yaml").read_text())["recipe"]["trainer"]["max_steps"]
-    schedule = {"ckpt_interval": steps, "eval_interval": max(steps // 10, 1), "eval_before_train": True}
+    schedule = {"ckpt_interval": steps, "eval_interval": max(steps // 5, 1), "eval_before_train": True}
     launch = load_launch(str(write_shipped_launch(tmp_path, f"tiny-{name}", recipe={"trainer": schedule})))
     summary = loop.run(launch)["metrics"]
     records = [json.loads(line) for line in Path(launch.artifacts.metrics_uri).read_text().splitlines()]
@@ -74,6 +74,7 @@ def test_the_shipped_experiment_learns_its_held_out_prompts(
     assert final - initial >= min(gain, HEADROOM_SHARE * (1 - initial)) - TOLERANCE, curve
     # The reward is dense from the first step (the base model samples right answers), so it rises rather than
     # takes off: every measured cell averaged 0.88 or more over its last 20 steps; the default run 0.91 over its
-    # last 10, 0.28 above its first 10.
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    # last 10, 0.28 above its first 10. A short run (the agent's 15 steps) compares its first and last thirds.
+    window = min(10, len(rewards) // 3)
+    first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
     assert last >= max(0.8, first + 0.1), curve
