@@ -3,10 +3,12 @@ episode instead of being killed, since starting a sandbox (processes and namespa
 of a short episode.
 
 An episode gets its sandbox with `acquire(files)` and gives it back with the sandbox's `close()`: the pool resets it
-then (so a finished episode's leftover processes stop at once, not when the sandbox is next lent) and keeps it,
-unless the episode ended it (a time limit, the shell's exit) or the reset failed, which closes it for good. What a
-reset guarantees is the backend's (trainer/sandbox/local.py): every process gone, the writable places empty, a
-fresh shell; a sandbox whose reset did not complete is never lent again.
+then, in its own threads (so a finished episode's leftover processes stop at once, not when the sandbox is next
+lent, and the reset overlaps what the caller does next: for a trainer, the policy's update), and keeps it, unless
+the episode ended it (a time limit, the shell's exit) or the reset failed, which closes it for good. `acquire` takes
+an idle sandbox, else waits for a reset under way (sooner than a new sandbox), else starts one. What a reset
+guarantees is the backend's (trainer/sandbox/local.py): every process gone, the writable places empty, a fresh
+shell; a sandbox whose reset did not complete is never lent again.
 
 Sandboxes are started in the threads that call `acquire` and live as long as the thread that started them (bwrap's
 --die-with-parent), so call it from threads that outlive the pool: an episode player's worker threads.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, cast
 
 from rlbuild.contracts.recipe import SandboxSection
@@ -33,9 +36,13 @@ class Reusable(Sandbox, Protocol):
     def load(self, files: Mapping[str, str | bytes]) -> None: ...
 
 
+# Resets at once: each mostly waits on the sandbox's processes (kill, reap, exec), so a few threads overlap them.
+RESETTERS = 4
+
+
 class SandboxPool(ClosedOnExit):
-    """Sandboxes of one spec, lent one episode at a time. `size` bounds the idle sandboxes kept; None keeps every
-    one given back, at most as many as were ever lent at once."""
+    """Sandboxes of one spec, lent one episode at a time. `size` bounds the sandboxes kept (idle or being reset);
+    None keeps every one given back, at most as many as were ever lent at once."""
 
     def __init__(self, spec: SandboxSection, size: int | None = None) -> None:
         self.spec = spec
@@ -43,13 +50,19 @@ class SandboxPool(ClosedOnExit):
         self.started = 0  # sandboxes started: the first lent, and each after a failed reset or an ended episode
         self.reused = 0  # sandboxes lent again after a reset
         self._idle: list[Reusable] = []
-        self._alive: set[Reusable] = set()  # idle and lent: what close() kills
+        self._resetting = 0
+        self._alive: set[Reusable] = set()  # idle, being reset and lent: what close() kills
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a reset ended, or the pool closed
+        self._resets = ThreadPoolExecutor(RESETTERS, thread_name_prefix="sandbox-reset")
         self._closed = False
 
     def acquire(self, files: Mapping[str, str | bytes]) -> Sandbox:
-        """A sandbox holding `files` in its working folder: a reset one if one is idle, else a new one."""
-        with self._lock:
+        """A sandbox holding `files` in its working folder: a reset one if one is idle or soon will be, else a new
+        one."""
+        with self._changed:
+            while not self._closed and not self._idle and self._resetting:
+                self._changed.wait()
             if self._closed:
                 raise SandboxError("the sandbox pool was closed; acquire sandboxes before closing its player")
             idle = self._idle.pop() if self._idle else None
@@ -71,28 +84,44 @@ class SandboxPool(ClosedOnExit):
         return _Lease(self, sandbox)
 
     def give_back(self, sandbox: Reusable) -> None:
-        """Reset a sandbox an episode is done with and keep it idle, or close it for good: the episode ended it, the
-        reset failed, the pool is full or closed."""
+        """Have a sandbox an episode is done with reset and kept idle, in the pool's threads; or close it for good
+        now: the episode ended it, the pool is full or closed."""
         with self._lock:
-            keep = not self._closed and (self.size is None or len(self._idle) < self.size)
-        if keep and not sandbox.ended:
-            try:
-                sandbox.reset()
-            except SandboxError:
-                keep = False  # the reset closed it; the next acquire starts a fresh one
-        with self._lock:
-            if keep and not sandbox.ended and not self._closed:
-                self._idle.append(sandbox)
-                return
-        self._forget(sandbox)
+            kept = len(self._idle) + self._resetting
+            keep = not self._closed and not sandbox.ended and (self.size is None or kept < self.size)
+            self._resetting += keep
+        if keep:
+            self._resets.submit(self._reset, sandbox)
+        else:
+            self._forget(sandbox)
 
     def close(self) -> None:
-        """Kill every sandbox of the pool, idle or lent (a lent one's next command says it was stopped)."""
-        with self._lock:
+        """Kill every sandbox of the pool, idle, being reset or lent (a lent one's next command says it was
+        stopped), and wait for the resets under way to give up."""
+        with self._changed:
             self._closed = True
             alive, self._alive, self._idle = self._alive, set(), []
+            self._changed.notify_all()
         for sandbox in alive:
             sandbox.close()
+        self._resets.shutdown(wait=True)
+
+    def _reset(self, sandbox: Reusable) -> None:
+        reset = False
+        try:
+            sandbox.reset()
+            reset = True
+        except SandboxError:
+            pass  # the reset closed it; the next acquire starts a fresh one
+        finally:  # whatever the reset raised, a waiting acquire hears of it
+            with self._changed:
+                self._resetting -= 1
+                self._changed.notify()
+                kept = reset and not sandbox.ended and not self._closed
+                if kept:
+                    self._idle.append(sandbox)
+            if not kept:
+                self._forget(sandbox)
 
     def _forget(self, sandbox: Reusable) -> None:
         sandbox.close()
