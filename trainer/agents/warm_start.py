@@ -27,9 +27,9 @@ from trainer.agents.find_key import (
 )
 
 RIGHT_SHARE = 0.3
-# Copying a file name from the listing takes the steps: after 600, the next two letters after `cat x` were right
-# 0.75 of the time, and sampled episodes found the key 0.10 of the time; after 1000, 0.93 and 0.25-0.38 (three build
-# seeds; trainer/README.md, "The tiny agent model").
+# Copying a file name from the listing is what takes the steps: after 500, 2% of sampled episodes miscopied a name
+# (seed 42, the slowest of three), and the base models sample a solved episode 0.21-0.40 of the time after 600
+# (trainer/README.md, "The tiny agent model").
 WARM_START_STEPS = 600
 KEYS, DECOYS = all_names()
 
