@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import glob
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -111,9 +112,9 @@ def test_writes_outside_the_episode_folder_fail_or_stay_inside(sandbox: LocalSan
     touched = sandbox.run(f"touch /usr/{probe}")
     assert touched.exit_code != 0 and "Read-only file system" in touched.output
     assert sandbox.run(f"echo x > /tmp/{probe} && cat /tmp/{probe}").output == "x\n"
-    assert sandbox.run(f"mkdir -p {REPO} && echo x > {REPO}/{probe}").exit_code == 0  # inside /work: the folder's
+    assert sandbox.run(f"mkdir -p {REPO} && echo x > {REPO}/{probe}").exit_code == 0  # the repo's path, made inside
     assert not Path("/usr", probe).exists() and not Path("/tmp", probe).exists() and not (REPO / probe).exists()
-    assert (sandbox.folder / REPO.relative_to("/work") / probe).is_file()
+    assert sandbox.run(f"cat {REPO}/{probe}").output == "x\n"  # it stayed inside: under /work or the sandbox's /tmp
 
 
 def test_a_file_past_max_file_bytes_is_cut(sandbox: LocalSandbox) -> None:
@@ -265,6 +266,19 @@ def test_a_reused_sandbox_keeps_nothing_of_the_last_episode() -> None:
             assert _probe(second) == expected
             assert second.timings.commands == 1 and first.timings.commands == len(LEFTOVERS) + 1
         assert (pool.started, pool.reused) == (1, 1)
+
+
+def test_a_trainer_started_under_nohup_still_reuses_its_sandboxes() -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup hands every process it starts
+    try:
+        with SandboxPool(SPEC) as pool:
+            with pool.acquire({}) as first:
+                assert first.run("trap").output == ""  # nothing ignored inside, as after a reset
+            with pool.acquire({}) as second:
+                assert isinstance(first, _Lease) and isinstance(second, _Lease) and second.sandbox is first.sandbox
+            assert (pool.started, pool.reused) == (1, 1)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 @pytest.mark.parametrize("ending", ["sleep 1000", "exit 3"])

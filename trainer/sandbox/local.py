@@ -173,7 +173,10 @@ class LocalSandbox(ClosedOnExit):
         self._ended = False
         self._carry = b""  # what background processes wrote after the last marker: the next command's output
         info_read, info_write = os.pipe()
-        argv = [*bwrap_argv(spec, folder, "--info-fd", str(info_write)), "/bin/sh"]
+        # The shell starts with default signal actions, as a reset's restart gives it: a trainer started under
+        # `nohup` (SIGHUP ignored, inherited through bwrap) otherwise failed every reset's check against it.
+        shell = ["/usr/bin/env", "--default-signal", "/bin/sh"]
+        argv = [*bwrap_argv(spec, folder, "--info-fd", str(info_write)), *shell]
         try:
             self._process = subprocess.Popen(
                 argv,
