@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from rlbuild.contracts.tinymodel import DEFAULT_VARIANT
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 from rlbuild.plan.identity import check_drift, check_training_runtime
 from rlbuild.plan.preflight import parse_experiment
@@ -17,7 +18,8 @@ VERSION = "2026.09.21"
 
 
 def _records(digest: str, **changes: Any) -> dict[str, dict[str, Any]]:
-    doc = experiment(model__source="artifact:base_model", model__tokenizer__source="artifact:base_model", **changes)
+    base = {"source": "artifact:base_model", "revision": DEFAULT_VARIANT}  # the revision names the tiny variant
+    doc = experiment(model={**base, "tokenizer": base}, **changes)
     plan = resolve(parse_experiment(doc, "test"), VERSION, "s3://b/p")
     return build_records(plan.experiment, VERSION, plan.recipe, digest)
 
