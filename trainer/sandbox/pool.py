@@ -113,15 +113,19 @@ class SandboxPool(ClosedOnExit):
             reset = True
         except SandboxError:
             pass  # the reset closed it; the next acquire starts a fresh one
-        finally:  # whatever the reset raised, a waiting acquire hears of it
+        finally:  # whatever the reset raised, a waiting acquire hears of it, after a failed sandbox is gone
+            if not reset:
+                sandbox.close()
             with self._changed:
                 self._resetting -= 1
-                self._changed.notify()
                 kept = reset and not sandbox.ended and not self._closed
                 if kept:
                     self._idle.append(sandbox)
+                else:
+                    self._alive.discard(sandbox)
+                self._changed.notify()
             if not kept:
-                self._forget(sandbox)
+                sandbox.close()
 
     def _forget(self, sandbox: Reusable) -> None:
         sandbox.close()
