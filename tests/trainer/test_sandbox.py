@@ -302,8 +302,11 @@ def test_a_reset_that_fails_closes_the_sandbox_and_the_pool_starts_a_fresh_one(c
             namespace = os.readlink(f"/proc/{first.sandbox.init_pid}/ns/pid")
             assert first.run(f"sleep 1000 & {command}").exit_code == 0
         with pool.acquire({}) as second:  # after the reset, which runs in the pool's threads, has failed
-            assert first.sandbox.ended and _alive_in(namespace) == [] and not first.sandbox.folder.exists()
-            assert isinstance(second, _Lease) and second.sandbox is not first.sandbox
+            assert isinstance(second, _Lease) and isinstance(second.sandbox, LocalSandbox)
+            assert second.sandbox is not first.sandbox and first.sandbox.ended and not first.sandbox.folder.exists()
+            # The kernel may give the new sandbox the freed namespace's number: it frees one only once empty.
+            reused = os.readlink(f"/proc/{second.sandbox.init_pid}/ns/pid") == namespace
+            assert reused or _alive_in(namespace) == []
             assert second.run("ulimit -t; echo alive").output == "unlimited\nalive\n"
         assert (pool.started, pool.reused) == (2, 0)
 
