@@ -311,6 +311,22 @@ def test_a_reset_that_fails_closes_the_sandbox_and_the_pool_starts_a_fresh_one(c
         assert (pool.started, pool.reused) == (2, 0)
 
 
+def test_episodes_waiting_on_resets_that_all_fail_start_sandboxes_of_their_own() -> None:
+    """Eight episodes wait on four resets that fail (a lowered hard limit): each must go on, not only one."""
+    with ThreadPoolExecutor(8) as threads, SandboxPool(SPEC) as pool:
+        first = [threads.submit(pool.acquire, {}).result() for _ in range(4)]
+        for lease in first:
+            assert lease.run("ulimit -t 1000").exit_code == 0
+        for lease in first:
+            lease.close()
+        later = [threads.submit(pool.acquire, {}) for _ in range(8)]
+        leases = [future.result(timeout=30) for future in later]  # hung for all but one before
+        assert all(lease.run("echo ok").output == "ok\n" for lease in leases)
+        assert (pool.started, pool.reused) == (12, 0)
+        for lease in leases:
+            lease.close()
+
+
 def test_episodes_in_threads_each_see_their_own_files_and_closing_the_pool_leaves_no_process() -> None:
     pool = SandboxPool(SPEC)
 

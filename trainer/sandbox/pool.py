@@ -91,9 +91,14 @@ class SandboxPool(ClosedOnExit):
             keep = not self._closed and not sandbox.ended and (self.size is None or kept < self.size)
             self._resetting += keep
         if keep:
-            self._resets.submit(self._reset, sandbox)
-        else:
-            self._forget(sandbox)
+            try:
+                self._resets.submit(self._reset, sandbox)
+                return
+            except RuntimeError:  # closed since: its threads take no more work
+                with self._changed:
+                    self._resetting -= 1
+                    self._changed.notify_all()
+        self._forget(sandbox)
 
     def close(self) -> None:
         """Kill every sandbox of the pool, idle, being reset or lent (a lent one's next command says it was
@@ -123,7 +128,9 @@ class SandboxPool(ClosedOnExit):
                     self._idle.append(sandbox)
                 else:
                     self._alive.discard(sandbox)
-                self._changed.notify()
+                # Every waiter looks again: one woken alone by a failed reset would wait on, and if that was the
+                # last reset under way, the others would never hear that they should start sandboxes of their own.
+                self._changed.notify_all()
             if not kept:
                 sandbox.close()
 
