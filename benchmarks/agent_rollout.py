@@ -164,11 +164,15 @@ def measure_step(steps: int, prompts: int | None = None) -> dict[str, float]:
         metrics = Path(load_launch(str(launch)).artifacts.metrics_uri).read_text().splitlines()
     records = [r for r in map(json.loads, metrics) if "perf/step_time_s" in r]
     assert len(records) == steps, records
+    return step_row(records, role_plan["train_batch_size"] * role_plan["n_samples_per_prompt"])
+
+
+def step_row(records: list[dict[str, float]], episodes: int) -> dict[str, float]:
+    """Medians over a run's step records (its metrics lines with `perf/step_time_s`) of `episodes` episodes each."""
 
     def median(key: str) -> float:
         return statistics.median(float(r[key]) for r in records)
 
-    episodes = role_plan["train_batch_size"] * role_plan["n_samples_per_prompt"]
     row = {
         "episodes_per_step": float(episodes),
         "step_s": median("perf/step_time_s"),

@@ -51,7 +51,10 @@ def task_pids(job: str, rank: int) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"rlbuild.job.gang" in cmdline and f"IRIS_TASK_ID={job}/{rank}:0".encode() in environ:
+        # Any attempt: Iris numbers a task's attempts (`task:attempt`), and a start it retried before the task ran
+        # (a worker that was slow to take it, under load) is a new attempt without being a failure.
+        task = f"IRIS_TASK_ID={job}/{rank}:".encode()
+        if b"rlbuild.job.gang" in cmdline and any(e.startswith(task) for e in environ):
             found.append(int(proc.name))
     return found
 

@@ -73,7 +73,7 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
         wait_for(lambda: _read(s3, latest), 300, "the first checkpoint", poll=0.5)
         assert "Ray nodes alive: 2/2" in job_logs(iris_client, job)  # the gang's Ray spans both nodes
         pids = task_pids(job, 1)
-        assert pids, "rank 1's bootstrap is not running"
+        assert pids, f"rank 1's bootstrap is not running; the gang's log ends:\n{job_logs(iris_client, job)[-3000:]}"
         os.killpg(os.getpgid(pids[0]), signal.SIGKILL)  # a node is lost mid-training, as its whole process group
         resumed = wait_for(lambda: resumed_in_status(experiment, s3, iris, monkeypatch), 300, "status to show it")
         assert resumed["state"] == "running" and resumed["ladder"]["gang"]["attempt"] >= 1, resumed

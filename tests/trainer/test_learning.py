@@ -14,6 +14,7 @@ A failing run prints the curve it saw (reward, held-out and train-prompt accurac
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,19 @@ def test_the_shipped_experiment_learns_its_held_out_prompts(
     window = min(10, len(rewards) // 3)
     first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
     assert last >= max(0.8, first + 0.1), curve
+    if task == "agent":
+        _assert_the_step_benchmark_reads_the_agent_steps(records)
+
+
+def _assert_the_step_benchmark_reads_the_agent_steps(records: list[dict[str, Any]]) -> None:
+    """benchmarks/agent_rollout.py's step row, from this run's own metrics (one run, not a second training): every
+    step's episodes took 1-3 turns, and the environment's seconds lie inside the rollout's, inside the step's."""
+    sys.path.insert(0, str(EXPERIMENTS.parents[1] / "benchmarks"))
+    from agent_rollout import step_row
+
+    role_plan = yaml.safe_load((EXPERIMENTS / "tiny-agent.yaml").read_text())["role_plan"]
+    steps = [r for r in records if "perf/step_time_s" in r]
+    row = step_row(steps, role_plan["train_batch_size"] * role_plan["n_samples_per_prompt"])
+    assert all(1.0 <= r["episode/turns_mean"] <= 3.0 for r in steps), steps
+    assert 0 < row["environment_s"] < row["rollout_s"] <= row["step_s"], row
+    assert 0 < row["environment_share"] < 1 and row["episodes_per_s"] > 0, row
