@@ -12,8 +12,9 @@ in for another CPU, in a process of its own:
 
 and prints, per cell, held-out greedy accuracy (validation rows training never samples) at the start and the end,
 train greedy accuracy on as many train rows, the mean training reward of the last 20 steps, the held-out curve
-and the wall time; then the worst cell per task. `--set key=value` overrides a recipe key for a search
-(`--set recipe.trainer.algorithm.kl_loss_coef=0.02`, `--set role_plan.n_samples_per_prompt=16`).
+and the wall time; then the worst cell per task. `--set key=value` overrides a key of the experiment's recipe,
+role plan, runtime or topology (`--set recipe.trainer.algorithm.kl_loss_coef=0.02`,
+`--set role_plan.n_samples_per_prompt=16`, `--set runtime.entrypoint=fully_async`).
 
     .venv/bin/python benchmarks/learning_spread.py --task reversal --seeds 42 1 7 --perturb none isa-avx2 --jobs 2
 """
@@ -105,6 +106,7 @@ def run_cell(task: str, seed: int, perturbation: str, overrides: dict[str, Any],
             recipe=overrides["recipe"],
             role_plan=overrides.get("role_plan"),
             model_dir=model_dir,
+            **{part: overrides[part] for part in ("runtime", "topology") if part in overrides},
         )
         launch = load_launch(str(path))
         manifest = loop.run(launch)

@@ -118,3 +118,21 @@ def test_agent_rollout_measures_the_three_sandbox_designs() -> None:
         "pool_fresh_ratio",
     }
     assert all(value > 0 for value in row.values())
+
+
+@pytest.mark.slow
+def test_async_vs_sync_trains_every_entrypoint_the_schema_accepts_as_its_loop() -> None:
+    """A value the plan accepts and the trainer ignores can never come back: every `runtime.entrypoint` is one of the
+    benchmark's loops, and each trains three steps of the same work as the loop it names (the benchmark checks
+    both: the launch documents differ only in the loop; staleness only under fully_async, within its bound)."""
+    from typing import get_args
+
+    from rlbuild.contracts.launch import Runtime
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from async_vs_sync import LOOPS
+
+    assert set(LOOPS) == set(get_args(Runtime.model_fields["entrypoint"].annotation))
+    out = _bench("benchmarks/async_vs_sync.py", "--tasks", "addition", "--steps", "3")
+    assert "same work (checked)" in out and "speed-up" in out
+    assert all(f"  {loop} " in out for loop in LOOPS), out

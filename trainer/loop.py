@@ -1,13 +1,15 @@
 """The GRPO training loop, read top to bottom (`python -m trainer run --launch launch.yaml`).
 
     run()    where to start (fresh, resumed, or refused), the inputs, the roles on Ray; train(); terminal.json
-    train()  each step: prompts -> rollouts -> rewards (trainer/sampling.py) -> advantages -> update -> weight sync
-             -> held-out eval and checkpoint when due -> metrics (appended; merged into metrics.jsonl at the end);
-             before a wall-clock limit, a checkpoint and exit "to be continued" (trainer/continuation.py)
+    train()  each step: its samples (prompts -> rollouts -> rewards, trainer/sampling.py; taken from a generator
+             thread under fully_async, trainer/step_source.py) -> advantages -> update -> weight sync -> held-out
+             eval and checkpoint when due -> metrics (appended; merged into metrics.jsonl at the end); before a
+             wall-clock limit, a checkpoint and exit "to be continued" (trainer/continuation.py)
 
 The driver (this process) owns the data order, rewards, advantages and loss weights; the policy workers own
 the model and optimizer; the engines own sampling. Everything random derives from (seed, step), so a run resumed
-from a checkpoint takes the same steps as an uninterrupted one.
+from a checkpoint takes the same steps as an uninterrupted one (under fully_async the same prompts; which weights
+sample them depends on timing).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trainer.commands import evaluate
 from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
+from trainer.step_source import StepSource, open_source
 from trainer.terminal import write_terminal
 from trainer.workers import grpo
 from trainer.workers.batch import update_batch
@@ -90,8 +93,6 @@ def train(
 ) -> list[dict[str, Any]]:
     """The steps from the resume point (or 0) to max_steps; returns every metrics record of the run."""
     t, g = launch.recipe.trainer, launch.recipe.generator
-    pad_id = inputs.tokenizer.pad_token_id
-    minis = t.train_batch_size // t.policy_mini_batch_size
     step, cursor = (resume.step, resume.data_cursor) if resume else (0, 0)
     if resume:
         roles.load_checkpoint(resume.uri, resume.files)
@@ -102,18 +103,36 @@ def train(
     if step == 0 and t.eval_before_train:
         metrics.log(0, accuracies(launch, roles, inputs))
     player = inputs.environment if isinstance(inputs.environment, EpisodePlayer) else None
+    sample = partial(
+        sampling.sample_step, roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe
+    )
+    source = open_source(t.entrypoint, sample, player, step, cursor, t.fully_async.max_staleness_steps)
+    try:
+        return _steps(launch, roles, inputs, checkpoints, metrics, source, step)
+    finally:
+        source.close()
+
+
+def _steps(
+    launch: LaunchDocument,
+    roles: Roles,
+    inputs: Inputs,
+    checkpoints: CheckpointManager,
+    metrics: MetricsWriter,
+    source: StepSource,
+    step: int,
+) -> list[dict[str, Any]]:
+    """Each step after `step`: its samples from `source`, then advantages, update, weight sync, eval, checkpoint."""
+    t, g = launch.recipe.trainer, launch.recipe.generator
+    pad_id = inputs.tokenizer.pad_token_id
+    minis = t.train_batch_size // t.policy_mini_batch_size
     while step < t.max_steps:
         step += 1
         clock = Stopwatch()
-        if player is not None:
-            player.spent()  # the last eval's episodes are not this step's
-        sampled = sampling.sample_step(
-            roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe, step, cursor
-        )
-        cursor = sampled.cursor
-        environment_s, sandboxes_started = player.spent() if player is not None else (0.0, 0)
+        taken = source.take(step)
+        sampled, cursor = taken.step, taken.step.cursor
         write_trajectories(launch, step, sampled.drawn)
-        clock.lap("rollout")
+        clock.lap("rollout", taken.generate_s)
         update = sampled.update
         advantages = grpo.group_advantages(
             update.rewards, g.n_samples_per_prompt, t.algorithm.grpo_norm_by_std, t.algorithm.advantage_eps
@@ -122,11 +141,12 @@ def train(
         stats = roles.update(batch, minis, t.micro_train_batch_size_per_gpu)
         clock.lap("train")
         sync_error = roles.sync_weights(*inputs.probe, g.weight_sync_check_tolerance)
+        source.synced(step)
         clock.lap("sync")
-        values = step_metrics(sampled, g.n_samples_per_prompt, batch, stats, sync_error, clock)
-        if player is not None:  # where an agent run's rollout time went
-            values["perf/environment_time_s"] = environment_s
-            values["perf/sandboxes_started"] = sandboxes_started
+        values = step_metrics(sampled, g.n_samples_per_prompt, batch, stats, sync_error, clock) | taken.metrics
+        if isinstance(inputs.environment, EpisodePlayer):  # where an agent run's rollout time went
+            values["perf/environment_time_s"] = taken.environment_s
+            values["perf/sandboxes_started"] = taken.sandboxes_started
         if _due(step, t.eval_interval, t.max_steps):
             values |= accuracies(launch, roles, inputs)
         stop = continuation.requested() if step < t.max_steps else None  # once per step: the hand-over point

@@ -57,9 +57,11 @@ class Stopwatch:
         self.started = self.last = time.perf_counter()
         self.laps: dict[str, float] = {}
 
-    def lap(self, name: str) -> None:
+    def lap(self, name: str, seconds: float | None = None) -> None:
+        """`seconds`: the phase's own time where it ran in another thread (fully_async's generation), not the
+        wait for it."""
         now = time.perf_counter()
-        self.laps[name], self.last = now - self.last, now
+        self.laps[name], self.last = (now - self.last if seconds is None else seconds), now
 
     def total(self) -> float:
         return time.perf_counter() - self.started

@@ -90,6 +90,7 @@ def experiment_document(
     recipe: dict[str, Any] | None = None,
     role_plan: dict[str, Any] | None = None,
     topology: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
     retention: dict[str, Any] | None = None,
     execution: dict[str, Any] | None = None,
     model_dir: Path | None = None,
@@ -110,6 +111,7 @@ def experiment_document(
     }
     doc["role_plan"] = {**doc["role_plan"], **TEST_ROLE_PLAN, **(role_plan or {})}
     doc["topology"] = {**doc["topology"], **(topology or {})}
+    doc["runtime"] = {**doc["runtime"], **(runtime or {})}
     doc["retention"] = {**doc["retention"], **(retention or {})}
     doc["execution"] = {**doc["execution"], **(execution or {})}
     doc["recipe"] = deep_merge(TEST_RECIPE, recipe or {})
@@ -162,10 +164,12 @@ def write_shipped_launch(
     recipe: dict[str, Any] | None = None,
     role_plan: dict[str, Any] | None = None,
     model_dir: Path | None = None,
+    **changes: Any,
 ) -> Path:
     """The shipped experiment `config/experiments/<name>.yaml` as a trainer's launch (write_test_launch): its seed
     (or `seed`), task and split, role plan (with `role_plan` over it) and recipe (with `recipe` merged over it), on
-    the seed's base model of the variant its model revision names (or the HF folder `model_dir`)."""
+    the seed's base model of the variant its model revision names (or the HF folder `model_dir`); `changes` (a
+    `topology`, a `runtime`) go over experiment_document's."""
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"{name}.yaml").read_text())
     train = experiment["data"]["train"][0]
     seed = experiment["seed"] if seed is None else seed
@@ -177,4 +181,5 @@ def write_shipped_launch(
         role_plan={**experiment["role_plan"], **(role_plan or {})},
         recipe=deep_merge(experiment["recipe"], recipe or {}),
         model_dir=model_dir or base_model_dir(seed, experiment["model"]["revision"]),
+        **changes,
     )

@@ -100,6 +100,7 @@ def plan_dict(
             "version": plan.version,
             "mutable": is_mutable(plan.version),
             "runtime": launch.runtime.model_dump(),
+            "loop": plan.recipe.trainer.loop(),
             "rollout": {"backend": rollout_backend(e, plan.recipe), "vllm": plan.nodes.vllm},
             "nodes": {**asdict(plan.nodes), "description": plan.nodes.describe()},
             "model_config": model_config_dict(plan),
@@ -222,6 +223,7 @@ def format_plan(
         f"rlbuild plan: {d['experiment']} @ {d['version']} ({mode})",
         f"  runtime        {d['runtime']['entrypoint']} / {d['runtime']['strategy']}, "
         f"source digest {d['runtime']['source_digest'][:16]}",
+        f"  loop           {d['loop']}",
         f"  nodes run      {d['nodes']['description']}",
         f"  rollout        {format_rollout(d['rollout'], d['nodes'])}",
         f"  model          {format_model_config(d['model_config'])}",

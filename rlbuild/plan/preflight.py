@@ -71,6 +71,7 @@ def load_experiment(path: Path) -> Experiment:
 def role_plan_values(experiment: Experiment) -> dict[str, Any]:
     """The recipe keys the role plan, runtime and seed own, with the values they render."""
     return {
+        "trainer.entrypoint": experiment.runtime.entrypoint,
         "trainer.strategy": experiment.runtime.strategy,
         "trainer.seed": experiment.seed,
         **role_plan_recipe_keys(experiment.role_plan),
@@ -78,7 +79,8 @@ def role_plan_values(experiment: Experiment) -> dict[str, Any]:
 
 
 def _owner(key: str) -> str:
-    return {"trainer.strategy": "runtime.strategy", "trainer.seed": "seed"}.get(key, "role_plan")
+    owners = {"trainer.entrypoint": "runtime.entrypoint", "trainer.strategy": "runtime.strategy"}
+    return {**owners, "trainer.seed": "seed"}.get(key, "role_plan")
 
 
 def compose_recipe(experiment: Experiment) -> tuple[Recipe | None, list[Violation]]:

@@ -171,6 +171,7 @@ def _body(
         "## How it was trained",
         "",
         f"- entrypoint `{launch.runtime.entrypoint}`, strategy `{launch.runtime.strategy}`, seed {launch.run.seed}",
+        f"- the training loop: {trainer.loop()}",
         f"- steps: {steps} of {trainer.max_steps}; {trainer.train_batch_size} prompts x "
         f"{generator.n_samples_per_prompt} samples a step, lr {trainer.policy.optimizer_config.lr}",
         f"- role plan: policy {placement.policy_num_nodes} node(s) x {placement.policy_num_gpus_per_node} GPU(s), "
