@@ -1,8 +1,8 @@
 """The GRPO training loop, read top to bottom (`python -m trainer run --launch launch.yaml`).
 
     run()    where to start (fresh, resumed, or refused), the inputs, the roles on Ray; train(); terminal.json
-    train()  each step: its samples (prompts -> rollouts -> rewards, trainer/sampling.py; taken from a generator
-             thread under fully_async, trainer/step_source.py) -> advantages -> update -> weight sync -> held-out
+    train()  each step: its samples (prompts -> rollouts -> rewards, trainer/sampling.py; under fully_async taken
+             from a generator thread running ahead) -> advantages -> update -> weight sync -> held-out
              eval and checkpoint when due -> metrics (appended; merged into metrics.jsonl at the end); before a
              wall-clock limit, a checkpoint and exit "to be continued" (trainer/continuation.py)
 
@@ -37,7 +37,6 @@ from trainer.commands import evaluate
 from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
-from trainer.step_source import StepSource, open_source
 from trainer.terminal import write_terminal
 from trainer.workers import grpo
 from trainer.workers.batch import update_batch
@@ -106,7 +105,7 @@ def train(
     sample = partial(
         sampling.sample_step, roles, inputs.tokenizer, inputs.environment, inputs.train_rows, launch.recipe
     )
-    source = open_source(t.entrypoint, sample, player, step, cursor, t.fully_async.max_staleness_steps)
+    source = sampling.open_source(t.entrypoint, sample, player, step, cursor, t.fully_async.max_staleness_steps)
     try:
         return _steps(launch, roles, inputs, checkpoints, metrics, source, step)
     finally:
@@ -119,7 +118,7 @@ def _steps(
     inputs: Inputs,
     checkpoints: CheckpointManager,
     metrics: MetricsWriter,
-    source: StepSource,
+    source: sampling.StepSource,
     step: int,
 ) -> list[dict[str, Any]]:
     """Each step after `step`: its samples from `source`, then advantages, update, weight sync, eval, checkpoint."""

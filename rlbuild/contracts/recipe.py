@@ -112,7 +112,7 @@ class TrainerSection(StrictModel):
     entrypoint: Literal["grpo", "fully_async"] = Field(
         "grpo",
         description="(runtime.entrypoint) the loop: grpo samples each step with the last step's weights; "
-        "fully_async generates ahead while the policy trains (trainer/step_source.py)",
+        "fully_async generates ahead while the policy trains (trainer/sampling.py)",
     )
     fully_async: FullyAsync = Field(default_factory=FullyAsync, description="the asynchronous loop's bound")
     strategy: Literal["fsdp2", "megatron"] = Field("fsdp2", description="(runtime.strategy) policy sharding")
@@ -141,7 +141,7 @@ class TrainerSection(StrictModel):
     algorithm: Algorithm = Field(default_factory=Algorithm, description="the GRPO objective")
 
     def loop(self) -> str:
-        """The training loop as the plan and the model card state it (trainer/step_source.py runs it)."""
+        """The training loop as the plan and the model card state it (trainer/sampling.py runs it)."""
         if self.entrypoint == "fully_async":
             bound = self.fully_async.max_staleness_steps
             return (

@@ -1,4 +1,4 @@
-"""`fully_async` end to end (trainer/step_source.py): on two CPU ranks (policy and engine separate) it generates
+"""`fully_async` end to end (trainer/sampling.py): on two CPU ranks (policy and engine separate) it generates
 ahead within its staleness bound, learns tiny-addition to the synchronous learning test's threshold, and resumes
 after a kill with every step trained once. (Every entrypoint the schema accepts also trains a few steps as its
 loop in tests/test_benchmarks.py, through benchmarks/async_vs_sync.py.)"""

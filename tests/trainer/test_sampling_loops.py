@@ -1,4 +1,4 @@
-"""The step sources of trainer/step_source.py on a stand-in sampler (no engines): which weights may begin which
+"""Where the loop takes a step's samples from (trainer/sampling.py), on a stand-in sampler (no engines): which weights may begin which
 step's generation, what a step takes, and how the generator thread ends."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from trainer.errors import TrainerError
-from trainer.sampling import Samples, Step
-from trainer.step_source import Asynchronous, Synchronous, open_source
+from trainer.sampling import Asynchronous, Samples, Step, Synchronous, open_source
 
 
 class Recorder:
