@@ -1,5 +1,5 @@
-"""Where the loop takes a step's samples from (trainer/sampling.py), on a stand-in sampler (no engines): which weights may begin which
-step's generation, what a step takes, and how the generator thread ends."""
+"""Where the loop takes a step's samples from (trainer/sampling.py), on a stand-in sampler (no engines): which
+weights may begin which step's generation, what a step takes, and how the generator thread ends."""
 
 from __future__ import annotations
 
