@@ -6,6 +6,7 @@ whose stored record disagrees with what the config now resolves to is refused; `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from typing import Any
 
 from rlbuild.contracts import runtime
 from rlbuild.contracts.artifacts import canonical_json, is_mutable
+from rlbuild.contracts.recipe import Recipe
 from rlbuild.core.errors import IdentityDriftError, RuntimeDriftError
 
 DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: their fields are the launch's
@@ -74,17 +76,28 @@ def field_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
+@functools.cache
+def added_key_defaults() -> dict[str, Any]:
+    """Every recipe key with its default, as a launch record's fields name them (`recipe.trainer.entrypoint`)."""
+    return flatten({"recipe": Recipe().model_dump(mode="json")})
+
+
 def config_diff(
     stored: Mapping[str, Any], current: Mapping[str, Any], runtime_only: frozenset[str] = frozenset()
 ) -> dict[str, tuple[Any, Any]]:
     """The fields that differ, leaving out which code built the artifact (the runtime source digest, and the
     identities of dependencies in `runtime_only`, which differ for that reason alone): provenance, not
-    configuration."""
+    configuration. A recipe key the stored record lacks is no drift either where it holds its default: the schema
+    gained it after the record was written, and the default names what that code did (`max_turns: 1`, the `grpo`
+    loop)."""
     ignored = {f"deps.{kind}" for kind in runtime_only}
+    known, defaults = flatten(stored).keys(), added_key_defaults()
     return {
         k: v
         for k, v in field_diff(stored, current).items()
-        if k.rsplit(".", 1)[-1] not in RUNTIME_FIELDS and k not in ignored
+        if k.rsplit(".", 1)[-1] not in RUNTIME_FIELDS
+        and k not in ignored
+        and not (k not in known and k in defaults and defaults[k] == v[1])
     }
 
 

@@ -15,6 +15,7 @@ from rlbuild.plan.resolve import build_records, resolve
 from tests.spine.experiments import experiment
 
 VERSION = "2026.09.21"
+TIS = {"trainer": {"algorithm": {"use_tis": True, "tis_imp_ratio_cap": 2.0}}}
 
 
 def _records(digest: str, **changes: Any) -> dict[str, dict[str, Any]]:
@@ -38,6 +39,20 @@ def test_a_configuration_change_is_drift_even_with_a_code_change() -> None:
         check_drift(VERSION, now, stored.get)
     assert info.value.drifts["launch"]["seed"] == (42, 7)
     assert all("source_digest" not in name for fields in info.value.drifts.values() for name in fields)
+
+
+def test_a_recipe_key_added_since_with_its_default_is_not_drift() -> None:
+    """A version completed before the schema gained a key (the loop, agent episodes' turns) stays usable: its
+    record lacks the key, and the default names what its code did. Stated otherwise, the key is drift."""
+    stored, now = _records("old-digest"), _records("new-digest")
+    for kind in ("launch", "train", "export", "eval"):  # (they may share one fields mapping)
+        stored[kind]["fields"]["recipe"]["trainer"].pop("entrypoint", None)
+        stored[kind]["fields"]["recipe"]["environment"].pop("max_turns", None)
+    assert "launch" in check_drift(VERSION, now, stored.get)  # rebuilt for a dev version, usable for a fixed one
+    changed = _records("new-digest", runtime__entrypoint="fully_async", role_plan__train_batch_size=16, recipe=TIS)
+    with pytest.raises(IdentityDriftError) as info:
+        check_drift(VERSION, changed, stored.get)
+    assert info.value.drifts["launch"]["recipe.trainer.entrypoint"] == (None, "fully_async")
 
 
 def test_dev_rebuilds_on_any_difference() -> None:
