@@ -41,3 +41,4 @@ bench: setup
 	python benchmarks/trainer_vs_trl.py
 	python benchmarks/gang_bootstrap.py
 	python benchmarks/fsdp_cpu.py
+	python benchmarks/async_vs_sync.py
