@@ -41,4 +41,5 @@ bench: setup
 	python benchmarks/trainer_vs_trl.py
 	python benchmarks/gang_bootstrap.py
 	python benchmarks/fsdp_cpu.py
+	python benchmarks/agent_rollout.py
 	python benchmarks/async_vs_sync.py
