@@ -177,13 +177,6 @@ def resume_to_the_end(launch: Path, killed_at: int, max_steps: int) -> subproces
     return resumed
 
 
-@pytest.mark.slow  # a real Ray training run: out of the 3-minute inner loop
-@pytest.mark.timeout(600)
-def test_kill_after_a_checkpoint_then_resume_to_the_same_final_step(tmp_path: Path) -> None:
-    launch = write_test_launch(tmp_path, recipe={"trainer": {"max_steps": 6, "ckpt_interval": 2}})
-    resume_to_the_end(launch, kill_after_a_checkpoint(launch, tmp_path / "first.log"), 6)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(800)
 @placeable(2)
