@@ -138,6 +138,7 @@ def test_the_export_is_a_publishable_model_with_its_card(pipeline: Pipeline) -> 
         assert f"{split} data: `{source['source']}` @ `{source['revision']}`" in card.text
     assert data.tags == ["rlbuild", "grpo", "reinforcement-learning"]
     assert launch["run"]["fingerprint"] in card.text and launch["runtime"]["source_digest"] in card.text
+    assert "- the training loop: synchronous (grpo): each step samples with the weights of the step before" in card.text
     record = json.loads((root / "export" / f"v{VERSION}.identity.json").read_text())
     assert f"identity: `{record['identity']}`" in card.text
     assert "steps: 4 of 4" in card.text and "AutoModelForCausalLM.from_pretrained" in card.text

@@ -107,6 +107,20 @@ def test_the_plan_names_the_backend_and_what_the_nodes_run() -> None:
     assert plan_dict(pinned)["nodes"]["image"] == IMAGE and pinned.launch.runtime.image == IMAGE
 
 
+def test_the_plan_says_which_loop_trains() -> None:
+    text = format_plan(resolve(parse_experiment(experiment(), "t"), "2026.09.21", "/tmp/r"))
+    assert "  loop           synchronous (grpo): each step samples with the weights of the step before" in text
+    tis = {
+        "trainer": {"algorithm": {"use_tis": True, "tis_imp_ratio_cap": 2.0}, "fully_async": {"max_staleness_steps": 2}}
+    }
+    doc = experiment(runtime__entrypoint="fully_async", role_plan__train_batch_size=16, recipe=tis)
+    text = format_plan(resolve(parse_experiment(doc, "t"), "2026.09.21", "/tmp/r"))
+    assert (
+        "  loop           asynchronous (fully_async): generation overlaps training; a sample trains at most 2 " in text
+    )
+    assert "corrected by TIS (cap 2)" in text
+
+
 def test_an_image_is_provenance_that_a_training_under_way_refuses_to_change() -> None:
     plan = resolve(parse_experiment(experiment(), "t"), "2026.09.21", "/tmp/r")
     pinned = resolve(parse_experiment(experiment(runtime__image=IMAGE), "t"), "2026.09.21", "/tmp/r")
