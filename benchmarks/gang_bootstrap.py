@@ -1,7 +1,10 @@
 """Gang bring-up time on a real local Iris cluster: from gang start (rank 0's bootstrap begins) to all nodes
 alive in Ray, for 2- and 4-node gangs of fake H100x8 workers; also submit-to-success wall time.
 
-    uv run python benchmarks/gang_bootstrap.py [--sizes 2 4] [--repeats 1]
+    uv run python benchmarks/gang_bootstrap.py [--sizes 2 4] [--repeats 1] [--iris-url URL]
+
+`--iris-url`: a running local cluster of fake H100x8 workers instead of a fresh one (the tests pass theirs: two local
+clusters on one host hand out task ports from the same range, so their gangs' Ray ports can meet).
 
 Each gang runs the real bootstrap (`python -m rlbuild.job.gang`, rendezvous in a local folder) with an empty job
 step, so the numbers are the bootstrap's own cost: Ray head start, workers joining, the all-alive check.
@@ -55,20 +58,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--iris-url", help="a running local Iris cluster to use (default: start one)")
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory(prefix="gang-bench-") as tmp,
-        LocalIris(Path(tmp) / "iris", workers=max(args.sizes), cpu_workers=0) as cluster,
-    ):
-        iris = Iris(cluster.url)
-        print(f"local Iris at {cluster.url}, {max(args.sizes)} fake H100x8 workers")
-        print(f"{'nodes':>5}  {'gang start -> all alive (s)':>28}  {'submit -> succeeded (s)':>24}")
-        for nodes in args.sizes:
-            runs = [run_gang(iris, nodes, Path(tmp) / "rendezvous") for _ in range(args.repeats)]
-            alive = statistics.median(r[0] for r in runs)
-            wall = statistics.median(r[1] for r in runs)
-            print(f"{nodes:>5}  {alive:>28.1f}  {wall:>24.1f}", flush=True)
-        iris.close()
+    with tempfile.TemporaryDirectory(prefix="gang-bench-") as tmp:
+        if args.iris_url:
+            measure(args.iris_url, args.sizes, args.repeats, Path(tmp))
+            return
+        with LocalIris(Path(tmp) / "iris", workers=max(args.sizes), cpu_workers=0) as cluster:
+            measure(cluster.url, args.sizes, args.repeats, Path(tmp))
+
+
+def measure(url: str, sizes: list[int], repeats: int, tmp: Path) -> None:
+    iris = Iris(url)
+    print(f"local Iris at {url}, gangs of {sizes} fake H100x8 workers")
+    print(f"{'nodes':>5}  {'gang start -> all alive (s)':>28}  {'submit -> succeeded (s)':>24}")
+    for nodes in sizes:
+        runs = [run_gang(iris, nodes, tmp / "rendezvous") for _ in range(repeats)]
+        alive = statistics.median(r[0] for r in runs)
+        wall = statistics.median(r[1] for r in runs)
+        print(f"{nodes:>5}  {alive:>28.1f}  {wall:>24.1f}", flush=True)
+    iris.close()
 
 
 if __name__ == "__main__":

@@ -84,12 +84,6 @@ def test_learning_spread_names_a_perturbation_that_changed_no_bit() -> None:
 
 
 @pytest.mark.slow
-def test_gang_bootstrap_benchmark_brings_up_a_gang_on_a_local_iris() -> None:
-    out = _bench("benchmarks/gang_bootstrap.py", "--sizes", "1", "--repeats", "1")
-    assert "gang start -> all alive" in out
-
-
-@pytest.mark.slow
 def test_fsdp_cpu_benchmark_prints_its_ratios() -> None:
     out = _bench("benchmarks/fsdp_cpu.py", "--steps", "5")  # the first 3 steps are warm-up
     assert "FSDP2" in out

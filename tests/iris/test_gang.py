@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -207,3 +208,12 @@ def test_a_gang_that_cannot_succeed_on_retry_is_not_retried(iris: LocalIris, iri
         return "error (not retryable)" in text and "a retry would fail the same way" in text
 
     wait_for(told, 30, "the task's log to say it is not retryable and cancelled its job")
+
+
+def test_gang_bootstrap_benchmark_brings_up_a_gang_on_the_suites_cluster(iris: LocalIris) -> None:
+    """benchmarks/gang_bootstrap.py on its smallest budget, on this folder's cluster (a second local cluster beside
+    it would hand out the same task ports: their gangs' Ray ports could meet)."""
+    argv = [sys.executable, "benchmarks/gang_bootstrap.py", "--sizes", "1", "--repeats", "1", "--iris-url", iris.url]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "gang start -> all alive" in result.stdout
