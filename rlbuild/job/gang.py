@@ -159,30 +159,12 @@ def wait_for_port(host: str, port: int, timeout_s: float, node: RayNode) -> None
     raise RendezvousError(f"the Ray head did not listen on {host}:{port} within {timeout_s:.0f}s")
 
 
-def connect(address: str, deadline: float) -> None:
-    """Join Ray at `address` as a driver, trying again until `deadline`: the GCS port answers before this node's
-    raylet has registered with it, and on a loaded node that gap outlasts Ray's own wait (a 1-node gang failed with
-    "Failed to connect to Ray cluster" at its own head)."""
-    import ray
-
-    while True:
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=False)
-            return
-        except ConnectionError as error:
-            ray.shutdown()
-            if time.monotonic() > deadline:
-                raise RendezvousError(f"could not join Ray at {address} before the join timeout: {error}") from error
-            log(f"joining Ray at {address} failed ({error}); trying again")
-            time.sleep(1.0)
-
-
 def wait_for_nodes(address: str, nodes: int, timeout_s: float, alive_ranks: Callable[[], set[int]]) -> float:
     """Rank 0: block until Ray reports `nodes` alive nodes; return the seconds it took."""
     import ray
 
     start = time.monotonic()
-    connect(address, start + timeout_s)
+    ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=False)
     try:
         while True:
             joined = set()

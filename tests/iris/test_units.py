@@ -15,7 +15,7 @@ from rlbuild.contracts import runtime
 from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
 from rlbuild.dev.iris_cluster import REPO
 from rlbuild.dev.launches import write_test_launch
-from rlbuild.job.gang import RuntimeMismatchError, check_runtime, connect
+from rlbuild.job.gang import RuntimeMismatchError, check_runtime
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError
 from rlbuild.schedulers.base import GangTaskError, Phase, TaskIdentity
 from rlbuild.schedulers.iris import IrisScheduler, phase
@@ -248,29 +248,3 @@ def test_an_experiment_the_bundle_would_not_carry_is_refused_naming_why(tmp_path
     for path, why in ((tmp_path / "x.yaml", "is outside the checkout"), (REPO / "results" / "x.yaml", "git-ignored")):
         with pytest.raises(PreflightError, match=why):
             in_checkout(REPO, path)
-
-
-def test_rank_0_tries_joining_its_own_ray_head_again_until_the_join_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GCS answers before the head's raylet has registered; on a loaded node Ray's own wait ends first and
-    `ray.init` raises ConnectionError. Rank 0 tries again until its join timeout, then names the address."""
-    import time
-
-    import ray
-
-    attempts: list[str] = []
-    failing = [2]  # attempts left to fail
-
-    def init(address: str, **_: object) -> None:
-        attempts.append(address)
-        if failing[0] > 0:
-            failing[0] -= 1
-            raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
-
-    monkeypatch.setattr(ray, "init", init)
-    monkeypatch.setattr(ray, "shutdown", lambda: None)
-    monkeypatch.setattr(time, "sleep", lambda _: None)
-    connect("10.0.0.1:12001", time.monotonic() + 60)
-    assert attempts == ["10.0.0.1:12001"] * 3
-    failing[0] = 1
-    with pytest.raises(RendezvousError, match=r"could not join Ray at 10.0.0.1:12001 before the join timeout"):
-        connect("10.0.0.1:12001", time.monotonic() - 1)  # fails again, past the deadline
