@@ -77,7 +77,7 @@ def field_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> dict[st
 
 
 @functools.cache
-def added_key_defaults() -> dict[str, Any]:
+def recipe_defaults() -> dict[str, Any]:
     """Every recipe key with its default, as a launch record's fields name them (`recipe.trainer.entrypoint`)."""
     return flatten({"recipe": Recipe().model_dump(mode="json")})
 
@@ -91,7 +91,7 @@ def config_diff(
     gained it after the record was written, and the default names what that code did (`max_turns: 1`, the `grpo`
     loop)."""
     ignored = {f"deps.{kind}" for kind in runtime_only}
-    known, defaults = flatten(stored).keys(), added_key_defaults()
+    known, defaults = flatten(stored).keys(), recipe_defaults()
     return {
         k: v
         for k, v in field_diff(stored, current).items()
