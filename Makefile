@@ -4,8 +4,9 @@ export PATH := $(CURDIR)/$(VENV):$(PATH)
 
 .PHONY: setup main iris-local test test-fast lint bench
 
+# The `harbor` extra (Harbor's task loading, verifier and sandbox environments) is large but the tests exercise it.
 setup:
-	scripts/setup.sh
+	scripts/setup.sh --extra harbor
 
 # The main job on the embedded default: the whole graph (base model, staging, launch, train, export, eval)
 # on this machine's CPUs, then the Snakemake report.

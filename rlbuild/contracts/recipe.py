@@ -11,7 +11,8 @@ only with the same value.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -181,12 +182,44 @@ class GeneratorSection(StrictModel):
     )
 
 
+@dataclass(frozen=True)
+class SandboxProvider:
+    """What a sandbox backend needs where the episodes run: the submitter's variables that carry its credentials
+    (forwarded to the job by name, values never written anywhere), the Harbor environment type that drives it
+    (None: rlbuild's own), and the pyproject extra the nodes' runtime must hold for it."""
+
+    credentials: tuple[str, ...]
+    harbor_type: str | None
+    extra: str | None
+
+
+HARBOR_EXTRA = "harbor"
+# The one registry of sandbox backends: `environment.sandbox.backend` names one of these.
+SANDBOX_PROVIDERS: dict[str, SandboxProvider] = {
+    "local": SandboxProvider((), None, None),
+    "daytona": SandboxProvider(("DAYTONA_API_KEY",), "daytona", HARBOR_EXTRA),
+    "modal": SandboxProvider(("MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET"), "modal", HARBOR_EXTRA),
+    "e2b": SandboxProvider(("E2B_API_KEY",), "e2b", HARBOR_EXTRA),
+    "docker": SandboxProvider((), "docker", HARBOR_EXTRA),
+}
+SandboxBackend = Literal["local", "daytona", "modal", "e2b", "docker"]
+
+
 class SandboxSection(StrictModel):
     """Where an agent's actions run: one sandbox per episode (trainer/sandbox/). The limits bound what a model's
     action can take from the host; an action that meets one ends its episode, with the observation saying which."""
 
-    backend: Literal["local"] = Field(
-        "local", description="local: bubblewrap on this node, one persistent shell per episode (trainer/sandbox/)"
+    backend: SandboxBackend = Field(
+        "local",
+        description="local: bubblewrap on this node, one persistent shell per episode (trainer/sandbox/); daytona, "
+        "modal, e2b, docker: Harbor's environment of that type, started from the GPU nodes (the `harbor` extra)",
+    )
+    max_concurrent: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="episodes holding a sandbox at once, all engines together: K per engine x engines (seed 003's "
+        "n_concurrent_trials); null: every episode of a step at once",
     )
     command_timeout_s: float = Field(10.0, gt=0, le=3600, description="seconds one command may run")
     episode_timeout_s: float = Field(60.0, gt=0, le=86_400, description="seconds of sandbox time per episode")
@@ -200,6 +233,10 @@ class SandboxSection(StrictModel):
 
 class EnvironmentSection(StrictModel):
     env_class: str = Field("exact_match", min_length=1, max_length=200, description="the reward environment")
+    env_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="settings the environment is built with (skyrl-gym's env_config: `Env(env_config, extras)`)",
+    )
     max_turns: int = Field(
         1, ge=1, le=1000, description="turns of an agent episode at most (1: one completion, scored by reward())"
     )

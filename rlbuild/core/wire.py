@@ -29,6 +29,9 @@ FORWARDED = (
     "DAYTONA_API_KEY",
     "DAYTONA_API_URL",
     "DAYTONA_TARGET",
+    "MODAL_TOKEN_ID",
+    "MODAL_TOKEN_SECRET",
+    "E2B_API_KEY",
 )
 FORWARDED_PREFIXES = ("RLBUILD_", "SNAKEMAKE_STORAGE_S3_")
 # The cluster injects its own storage credentials; forwarding these would clobber them (seed 003).

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from rlbuild.contracts.recipe import SandboxBackend
 from rlbuild.core.errors import Violation
 from rlbuild.core.validation import StrictModel
 from rlbuild.core.wire import job_env_problems
@@ -296,6 +297,11 @@ class Execution(StrictModel):
         le=86_400,
         description="seconds a training step takes, for the plan's cost where no earlier run of this geometry "
         "measured one",
+    )
+    sandbox_caps: dict[SandboxBackend, Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        default_factory=dict,
+        description="sandboxes a provider lets this experiment run at once (e.g. {daytona: 6}, seed 003); "
+        "recipe.environment.sandbox.max_concurrent must stay within its backend's cap",
     )
     env: dict[str, str] = Field(
         default_factory=dict,
