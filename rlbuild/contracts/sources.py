@@ -21,15 +21,20 @@ from rlbuild.core.paths import path_problem, tree_problems
 # runs with the experiment root as its working directory.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-Scheme = Literal["hf", "local", "artifact", "task"]
-SCHEMES: tuple[Scheme, ...] = ("hf", "local", "artifact", "task")
+Scheme = Literal["hf", "local", "artifact", "task", "harbor"]
+SCHEMES: tuple[Scheme, ...] = ("hf", "local", "artifact", "task", "harbor")
+# Sources read from a folder on the submitting machine: a revision is only a label, the content is the identity.
+FOLDER_SCHEMES = ("local", "harbor")
 
 _COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 _HF_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TASK_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
-GRAMMAR = "hf:<org>/<name>[/<path in repo>], local:<path>, artifact:<rule name>, task:<task>/<split>"
+GRAMMAR = (
+    "hf:<org>/<name>[/<path in repo>], local:<path>, artifact:<rule name>, task:<task>/<split>, "
+    "harbor:<folder of Harbor tasks>"
+)
 # The graph's rules whose output is a model folder that can be staged.
 ARTIFACT_SOURCES = ("base_model",)
 
@@ -70,7 +75,7 @@ class Source:
         return task, split
 
     def local_path(self) -> Path:
-        """The filesystem path of a `local:` source (relative paths are relative to the repo root)."""
+        """The filesystem path of a `local:` or `harbor:` source (relative paths are relative to the repo root)."""
         path = Path(self.location).expanduser()
         return path if path.is_absolute() else REPO_ROOT / path
 
@@ -96,7 +101,7 @@ class Source:
                 f"source {self}: no rule of the graph named {self.location!r} makes a model folder; "
                 + (f"did you mean artifact:{close[0]}?" if close else f"use one of {list(ARTIFACT_SOURCES)}")
             )
-        if self.scheme == "local":
+        if self.scheme in FOLDER_SCHEMES:
             problems += self._local_problems()
         return problems
 

@@ -24,7 +24,7 @@ from rlbuild.contracts.launch import (
     Runtime,
 )
 from rlbuild.contracts.recipe import Recipe
-from rlbuild.contracts.sources import parse_source
+from rlbuild.contracts.sources import FOLDER_SCHEMES, parse_source
 from rlbuild.core.errors import PreflightError
 from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
@@ -78,12 +78,12 @@ def temporary_paths(experiment: Experiment, version: str, train_fingerprint: str
 
 
 def local_contents(sources: dict[str, tuple[str, str]]) -> dict[str, dict[str, str]]:
-    """`{"content": {name: digest}}` for the `local:` sources among `sources`: a local revision is only a label,
+    """`{"content": {name: digest}}` for the `local:` and `harbor:` sources among `sources`: their revision is a label,
     so what the folder holds now is part of the identity (editing a local model folder changes it)."""
     digests = {
         name: local_content_digest(parsed)
         for name, (source, revision) in sources.items()
-        if (parsed := parse_source(source, revision)).scheme == "local"
+        if (parsed := parse_source(source, revision)).scheme in FOLDER_SCHEMES
     }
     return {"content": digests} if digests else {}
 

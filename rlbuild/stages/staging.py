@@ -26,7 +26,7 @@ from rlbuild.contracts.manifest import (
     write_manifest,
 )
 from rlbuild.contracts.rows import COLUMNS, check_row, read_rows
-from rlbuild.contracts.sources import Source, SourceError, StagingError
+from rlbuild.contracts.sources import FOLDER_SCHEMES, Source, SourceError, StagingError
 from rlbuild.core import storage
 
 # Names that make up a tokenizer in a Hugging Face model folder; when the tokenizer has its own source,
@@ -235,8 +235,8 @@ def local_content_digest(source: Source, cache_file: Path | None = None) -> str:
     `cache_file` (default: $XDG_CACHE_HOME/rlbuild/content-digests.json), as git's index does, so a dry run reads
     only files that changed since the last one.
     """
-    if source.scheme != "local":
-        raise SourceError(f"source {source}: only local: sources need a content digest; the others are pinned")
+    if source.scheme not in FOLDER_SCHEMES:
+        raise SourceError(f"source {source}: only local: and harbor: sources need a content digest; the others are pinned")
     path = _local_path(source)
     files = {path.name: path} if path.is_file() else dict(_folder_files(path))
     cache = _DigestCache(cache_file or _default_digest_cache())
