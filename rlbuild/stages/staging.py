@@ -236,7 +236,7 @@ def local_content_digest(source: Source, cache_file: Path | None = None) -> str:
     only files that changed since the last one.
     """
     if source.scheme not in FOLDER_SCHEMES:
-        raise SourceError(f"source {source}: only local: and harbor: sources need a content digest; the others are pinned")
+        raise SourceError(f"source {source}: only folder sources (local:, harbor:) need a content digest")
     path = _local_path(source)
     files = {path.name: path} if path.is_file() else dict(_folder_files(path))
     cache = _DigestCache(cache_file or _default_digest_cache())
