@@ -1,4 +1,5 @@
-"""Stage models and data sets: turn a source (`hf:`, `local:`, `artifact:`, `task:`) into a folder in storage.
+"""Stage models and data sets: turn a source (`hf:`, `local:`, `artifact:`, `task:`, `harbor:`) into a folder in
+storage.
 
 A staged folder holds its payload and `manifest.json` (rlbuild/contracts/manifest.py), written after the payload, so a
 folder without a manifest was never completely staged.
@@ -28,6 +29,7 @@ from rlbuild.contracts.manifest import (
 from rlbuild.contracts.rows import COLUMNS, check_row, read_rows
 from rlbuild.contracts.sources import FOLDER_SCHEMES, Source, SourceError, StagingError
 from rlbuild.core import storage
+from rlbuild.stages import harbor_tasks
 
 # Names that make up a tokenizer in a Hugging Face model folder; when the tokenizer has its own source,
 # these come from there and never from the model source.
@@ -307,6 +309,8 @@ def _file_rows(path: Path) -> Iterator[dict[str, Any]]:
 def _data_rows(source: Source, artifact_dirs: Mapping[str, Path] | None) -> Iterable[dict[str, Any]]:
     if source.scheme == "task":
         return (check_row(row, f"{source}") for row in _task_rows(source))
+    if source.scheme == "harbor":
+        return harbor_tasks.task_rows(_local_path(source))
     path = _resolve(source, artifact_dirs, "dataset")
     if path.is_file():
         return _file_rows(path)
