@@ -94,18 +94,19 @@ def experiment_document(
     retention: dict[str, Any] | None = None,
     execution: dict[str, Any] | None = None,
     model_dir: Path | None = None,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An experiment document: the tiny default's shape, local sources under `sources`, the test batch sizes.
 
     The task's split is revision `seed-<data_seed>` (default: the seed), the base model that of `seed` (or the HF
-    folder `model_dir`).
+    folder `model_dir`); `data`, when given, is the experiment's data section as it stands (a Harbor task set).
     """
     doc = yaml.safe_load((REPO / "config" / "experiments" / "tiny-addition.yaml").read_text())
     model = f"local:{model_dir or base_model_dir(seed)}"
     data_seed = seed if data_seed is None else data_seed
     doc.update(name="test", seed=seed)
     doc["model"] = {"source": model, "revision": "tiny", "tokenizer": {"source": model, "revision": "tiny"}}
-    doc["data"] = {
+    doc["data"] = data or {
         split: [{"source": f"local:{_task_file(sources, task, split, data_seed)}", "revision": f"seed-{data_seed}"}]
         for split in SPLITS
     }
@@ -173,11 +174,13 @@ def write_shipped_launch(
     experiment = yaml.safe_load((REPO / "config" / "experiments" / f"{name}.yaml").read_text())
     train = experiment["data"]["train"][0]
     seed = experiment["seed"] if seed is None else seed
+    generated = train["source"].startswith("task:")  # else the experiment's own data (a Harbor task set)
     return write_test_launch(
         tmp_path,
         task=train["source"].removeprefix("task:").split("/")[0],
         seed=seed,
-        data_seed=int(train["revision"].removeprefix("seed-")),
+        data_seed=int(train["revision"].removeprefix("seed-")) if generated else None,
+        data=None if generated else experiment["data"],
         role_plan={**experiment["role_plan"], **(role_plan or {})},
         recipe=deep_merge(experiment["recipe"], recipe or {}),
         model_dir=model_dir or base_model_dir(seed, experiment["model"]["revision"]),
