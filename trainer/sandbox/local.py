@@ -95,8 +95,12 @@ def bwrap() -> str:
         return found
 
 
-def bwrap_argv(spec: SandboxSection, folder: Path, *options: str) -> list[str]:
-    """bwrap with `options` and the spec's limits, up to the command to run in the sandbox."""
+def bwrap_argv(
+    spec: SandboxSection, folder: Path, *options: str, places: Mapping[str, Path] | None = None
+) -> list[str]:
+    """bwrap with `options` and the spec's limits, up to the command to run in the sandbox. `places`: more
+    writable host folders, each at its path in the sandbox (an image's /app, /logs); they are bound before the
+    sandbox's root turns read-only, as their mount points are made in it."""
     if not Path(PRLIMIT).is_file():
         raise SandboxError(f"environment.sandbox.backend local sets its limits with {PRLIMIT}: install util-linux")
     return [
@@ -105,7 +109,9 @@ def bwrap_argv(spec: SandboxSection, folder: Path, *options: str) -> list[str]:
         *("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"),
         *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
         *("--proc", "/proc", "--dev", "/dev", *(option for place in WRITABLE for option in ("--tmpfs", place))),
-        *("--bind", str(folder), WORK, "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK),
+        *("--bind", str(folder), WORK),
+        *(option for target, source in (places or {}).items() for option in ("--bind", str(source), target)),
+        *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK),
         *("--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK),
         *options,
         PRLIMIT,
