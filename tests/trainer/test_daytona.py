@@ -1,0 +1,224 @@
+"""One Harbor episode on Daytona, against a recording stand-in of Daytona's API (rlbuild/dev/daytona.py; no
+Daytona account exists here): Harbor's DaytonaEnvironment and the daytona SDK talk real HTTP to it, and the
+episode's commands run in rlbuild's bubblewrap sandbox. The tests read what crossed: the calls in order, where the
+API key went, and that no AWS_*/R2_* value of the trainer's environment was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import subprocess
+import uuid
+import zlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from rlbuild.contracts.recipe import SandboxSection
+from rlbuild.dev.daytona import Call, DaytonaStandIn, Ran, daytona_stand_in
+from trainer.sandbox.local import as_sandbox_user, bwrap_argv, hand_over
+
+pytest.importorskip("harbor", reason="the harbor extra (scripts/setup.sh --extra harbor)")
+
+from harbor.environments.factory import EnvironmentFactory
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.task.task import Task
+from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
+from harbor.utils.async_cleanup import with_async_cleanup
+from harbor.verifier.verifier import Verifier
+
+SPEC = SandboxSection(command_timeout_s=10.0, memory_mb=1024)
+# Values of the trainer's own credentials, fresh each run, so a match in a request can only be a leak.
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": f"aws-id-{uuid.uuid4().hex}",
+    "AWS_SECRET_ACCESS_KEY": f"aws-secret-{uuid.uuid4().hex}",
+    "R2_ACCESS_KEY_ID": f"r2-id-{uuid.uuid4().hex}",
+}
+# The requests an episode is told by, besides its commands: (methods, path, step).
+STEPS = [
+    ("GET", r"/api/object-storage/push-access", "push access"),
+    ("HEAD PUT POST", r"/storage/.+", "upload context"),
+    ("POST", r"/api/sandbox", "create"),
+    ("POST", r"/toolbox/\w+/files/bulk-upload", "upload"),
+    ("POST", r"/toolbox/\w+/files/bulk-download", "download"),
+    ("DELETE", r"/api/sandbox/\w+", "delete"),
+]
+VERIFIER = """#!/bin/bash
+if cmp -s /app/answer.txt /app/hello.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+def bwrap_runner(root: Path, command: str, env: Mapping[str, str], cwd: str) -> Ran:
+    """A stand-in sandbox's command in rlbuild's bubblewrap sandbox, its top-level folders bound at their paths."""
+    hand_over(root)  # what the stand-in wrote since the last command (uploads) goes to the sandbox's user too
+    work = root / "work"
+    work.mkdir(exist_ok=True)
+    places = {f"/{p.name}": p for p in root.iterdir() if p.is_dir() and p != work}
+    variables = [option for name, value in env.items() for option in ("--setenv", name, value)]
+    argv = bwrap_argv(SPEC, work, *variables, places=places)
+    try:
+        done = subprocess.run(
+            [*argv, "/usr/bin/env", "-C", cwd, "/bin/sh", "-c", command],
+            capture_output=True,
+            env={},
+            timeout=SPEC.command_timeout_s,
+            **as_sandbox_user(work),
+        )
+    except subprocess.TimeoutExpired:
+        return Ran(124, b"", b"timed out")
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[DaytonaStandIn]:
+    import daytona._async.object_storage as object_storage
+
+    plain_store = object_storage.S3Store
+
+    def loopback_store(*args: object, client_options: dict[str, object] | None = None, **kwargs: object) -> object:
+        # obstore refuses a plain-http storage URL unless told; Daytona's real one is https, the stand-in's is not.
+        return plain_store(*args, client_options={**(client_options or {}), "allow_http": True}, **kwargs)
+
+    monkeypatch.setattr(object_storage, "S3Store", loopback_store)
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with daytona_stand_in(bwrap_runner) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+@pytest.fixture
+def task_dir(tmp_path: Path) -> Path:
+    """A Harbor task: copy hello.txt (its image holds it in /app) to answer.txt."""
+    task = tmp_path / "copy-hello"
+    files = {
+        "instruction.md": "Copy /app/hello.txt to /app/answer.txt.\n",
+        "task.toml": 'version = "1.0"\n',
+        "environment/Dockerfile": "FROM ubuntu:24.04\nWORKDIR /app\nCOPY hello.txt /app/hello.txt\n",
+        "environment/hello.txt": "rlbuild\n",
+        "tests/test.sh": VERIFIER,
+    }
+    for name, content in files.items():
+        (task / name).parent.mkdir(parents=True, exist_ok=True)
+        (task / name).write_text(content)
+    (task / "tests/test.sh").chmod(0o755)
+    return task
+
+
+async def _episode(task_dir: Path, trial_dir: Path, command: str) -> tuple[int, float]:
+    """Start, one command, Harbor's verifier, stop and delete: the command's exit code and the reward."""
+    task = Task(task_dir)
+    paths = TrialPaths(trial_dir)
+    paths.mkdir()
+    environment = EnvironmentFactory.create_environment(
+        EnvironmentType.DAYTONA,
+        environment_dir=task.paths.environment_dir,
+        environment_name=task.name,
+        session_id=uuid.uuid4().hex,
+        trial_paths=paths,
+        task_env_config=task.config.environment,
+    )
+    await environment.start(force_build=False)
+    try:
+        await environment.empty_dirs([EnvironmentPaths.verifier_dir], chmod=True)  # as Harbor's Trial does
+        ran = await environment.exec(command)
+        result = await Verifier(task=task, trial_paths=paths, environment=environment).verify()
+    finally:
+        await environment.stop(delete=True)
+    assert result.rewards is not None
+    return ran.return_code, float(result.rewards["reward"])
+
+
+def _run(task_dir: Path, trial_dir: Path, command: str) -> tuple[int, float]:
+    # Harbor's Daytona client is one per process; the cleanup closes it, so the next test's starts afresh.
+    return asyncio.run(with_async_cleanup(_episode(task_dir, trial_dir, command)))
+
+
+def _step(call: Call) -> str | None:
+    """What a request did in the episode's terms; None for the requests that only serve another (a command's
+    session, status and logs) and for the SDK's event socket, which the stand-in refuses (the SDK then polls)."""
+    path = call.path.split("?")[0]
+    if path.endswith("/exec"):
+        return "exec: " + json.loads(call.body)["command"]
+    for method, pattern, step in STEPS:
+        if call.method in method and re.fullmatch(pattern, path):
+            return step
+    return None
+
+
+def _readable(body: bytes) -> bytes:
+    """A request's body with its gzip streams (Harbor's tarballs) inflated, so a value inside them shows."""
+    out, start = [body], body.find(b"\x1f\x8b")
+    while start >= 0:
+        inflater = zlib.decompressobj(wbits=31)
+        with contextlib.suppress(zlib.error):  # two bytes that only look like a gzip stream's start
+            out.append(inflater.decompress(body[start:]))
+        start = body.find(b"\x1f\x8b", start + 2)
+    return b"".join(out)
+
+
+def _sent(calls: list[Call], value: str) -> list[str]:
+    """The requests (method and path) that carry `value` anywhere: path, a header, the body."""
+    needle = value.encode()
+    return [
+        f"{call.method} {call.path}"
+        for call in calls
+        if needle in call.path.encode() + json.dumps(call.headers).encode() + _readable(call.body)
+    ]
+
+
+def test_one_episode_crosses_as_create_exec_verify_delete(
+    stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path
+) -> None:
+    exit_code, reward = _run(task_dir, tmp_path / "trial", "cp hello.txt answer.txt")
+
+    assert (exit_code, reward) == (0, 1.0)
+    steps = [step for step in map(_step, stand_in.calls) if step]
+    assert [step.split(":")[0] for step in steps] == [
+        "push access",  # the Dockerfile's context goes to Daytona's object storage: HEAD, then a multipart upload
+        *("upload context", "upload context", "upload context", "upload context", "create"),
+        *("exec", "exec"),  # Harbor empties /logs/verifier; the agent's command
+        *("exec", "upload", "exec", "exec", "exec", "exec"),  # the verifier: old rewards out, tests/ in, test.sh
+        *("exec", "download", "exec", "delete"),  # /logs/verifier packed, fetched, its tarball removed
+    ]
+    commands = [step.removeprefix("exec: ") for step in steps if step.startswith("exec: ")]
+    assert commands[1] == "bash -c 'cp hello.txt answer.txt'"
+    assert "tar -xzf /tmp/runtime_upload_" in commands[3] and "-C /tests" in commands[3]
+    assert "(/tests/test.sh) > /logs/verifier/test-stdout.txt" in commands[6]
+    assert "tar -czf /tmp/runtime_download_" in commands[7] and "-C /logs/verifier" in commands[7]
+    assert not any(stand_in.folder.iterdir())  # the delete removed the sandbox
+
+
+def test_the_api_key_travels_only_as_the_bearer_token(stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path) -> None:
+    _run(task_dir, tmp_path / "trial", "true")
+
+    bearer = ("Authorization", f"Bearer {stand_in.api_key}")
+    api = [call for call in stand_in.calls if call.path.startswith(("/api/sandbox", "/api/object", "/toolbox/"))]
+    assert api and all(bearer in call.headers.items() for call in api)
+    # Without that header, no request (the storage upload and the event socket included) holds the key.
+    rest = [Call(c.method, c.path, {k: v for k, v in c.headers.items() if (k, v) != bearer}, c.body) for c in api]
+    assert _sent(rest + [call for call in stand_in.calls if call not in api], stand_in.api_key) == []
+
+
+def test_no_aws_or_r2_value_reaches_daytona(stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path) -> None:
+    # The agent's command reads its environment: a value there would come back in the command's logs.
+    _run(task_dir, tmp_path / "trial", "env")
+
+    assert stand_in.calls
+    assert {name: _sent(stand_in.calls, value) for name, value in CREDENTIALS.items()} == {
+        name: [] for name in CREDENTIALS
+    }
+
+
+def test_a_value_the_task_sends_is_seen(stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path) -> None:
+    """The check above can fail: a task that asks for a variable of the trainer's environment by name
+    ([environment.env], resolved by Harbor) sends its value, and the recorded requests show it."""
+    (task_dir / "task.toml").write_text('version = "1.0"\n[environment.env]\nLEAK = "${R2_ACCESS_KEY_ID}"\n')
+
+    _run(task_dir, tmp_path / "trial", "true")
+
+    assert "POST /api/sandbox" in _sent(stand_in.calls, CREDENTIALS["R2_ACCESS_KEY_ID"])
