@@ -1,14 +1,34 @@
-"""The data contract between staging and the trainer: JSONL files of `{prompt, answer}` rows.
+"""The data contract between staging and the trainer: JSONL files of `{prompt, answer}` rows, and Harbor task
+folders as rows.
 
 `prompt` is a string; `answer` is whatever the reward environment compares against (a string for the built-in
 tasks). Other columns are kept: an environment may read them.
+
+Harbor task sets (terminal_bench's format): a task folder (Harbor 0.25, `harbor init` shows one) holds
+`instruction.md` (what the agent is asked: the row's prompt), `task.toml` (limits, the verifier's settings),
+`environment/` (how the sandbox is built: a Dockerfile and its context) and `tests/test.sh` (the verifier: it writes
+`/logs/verifier/reward.txt` or `reward.json`, the row's reward). A source `harbor:<folder>` names one task folder
+or a folder of them.
+
+Staging reads them without Harbor (tomllib and the files): each row carries the whole task folder, so the trainer
+rebuilds it byte for byte where the episode runs, and Harbor's own task loader and verifier run it there.
+
+The `local` sandbox backend builds no image: it runs a task whose Dockerfile only names a base image and copies
+files from its context (FROM, WORKDIR, COPY, ENV, ARG, LABEL, USER, CMD, ENTRYPOINT), on the node's own programs.
+`local_image` says what such a Dockerfile sets up, or why a task needs a real build (a RUN line, a compose file,
+a prebuilt image), for preflight to refuse before a GPU is allocated.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import shlex
+import tomllib
 from collections.abc import Iterable, Iterator
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rlbuild.core.errors import RlbuildError
@@ -50,3 +70,159 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
 def dump_rows(rows: Iterable[dict[str, Any]]) -> str:
     """Rows as JSONL text, one sorted-key object a line (byte-identical for the same rows)."""
     return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)
+
+
+TASK_FILE = "task.toml"
+INSTRUCTION = "instruction.md"
+VERIFIER = "tests/test.sh"
+DOCKERFILE = "environment/Dockerfile"
+COMPOSE_FILES = ("environment/docker-compose.yaml", "environment/docker-compose.yml")
+# Dockerfile instructions the local backend can honour without building: they describe files and settings.
+LOCAL_INSTRUCTIONS = frozenset({"FROM", "WORKDIR", "COPY", "ENV", "ARG", "LABEL", "USER", "CMD", "ENTRYPOINT"})
+# The backends that build a task's image (recipe.environment.sandbox.backend).
+BUILDING_BACKENDS = ("daytona", "modal", "e2b", "docker")
+
+
+class HarborTaskError(RowError):
+    """A Harbor task folder that cannot be a row: a file missing, a task.toml that does not parse."""
+
+
+@dataclass
+class LocalImage:
+    """What a Dockerfile the local backend can honour sets up: the working folder, variables, copied files."""
+
+    workdir: str = "/app"
+    env: dict[str, str] = field(default_factory=dict)
+    copies: list[tuple[str, str]] = field(default_factory=list)  # (path in environment/, absolute destination)
+
+
+def task_folders(root: Path) -> list[Path]:
+    """The task folders of a `harbor:` source: the folder itself if it is a task, else its task subfolders."""
+    if (root / TASK_FILE).is_file():
+        return [root]
+    found = sorted(p for p in root.iterdir() if p.is_dir() and (p / TASK_FILE).is_file()) if root.is_dir() else []
+    if not found:
+        raise HarborTaskError(
+            f"{root} is neither a Harbor task (no {TASK_FILE}) nor a folder of tasks; point the harbor: source at a "
+            f"task folder or at the folder that holds them (`harbor init` makes one)"
+        )
+    return found
+
+
+def task_problems(task: Path) -> list[str]:
+    """What keeps a task folder from being a row, one sentence each."""
+    problems = [f"task {task.name!r} has no {name}" for name in (INSTRUCTION, VERIFIER) if not (task / name).is_file()]
+    try:
+        tomllib.loads((task / TASK_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        problems.append(f"task {task.name!r}: {TASK_FILE} does not parse ({error})")
+    return problems
+
+
+def task_row(task: Path) -> dict[str, Any]:
+    """One task as a row: its instruction is the prompt, its verifier the reward (no answer column to compare)."""
+    files = {path.relative_to(task).as_posix(): path.read_bytes() for path in sorted(task.rglob("*")) if path.is_file()}
+    return {
+        "prompt": files[INSTRUCTION].decode("utf-8").rstrip(),  # the file's last newline is not the instruction's
+        "answer": None,
+        "task": task.name,
+        "harbor_task": {
+            "files": {name: _encode(content) for name, content in files.items()},
+            "sha256": {name: hashlib.sha256(content).hexdigest() for name, content in files.items()},
+            # A program the image runs keeps its mode, as Docker's COPY keeps it from the build context.
+            "executable": sorted(name for name in files if (task / name).stat().st_mode & 0o111),
+        },
+    }
+
+
+def task_rows(root: Path) -> list[dict[str, Any]]:
+    """Every task of a `harbor:` source as a row; every problem of every task at once."""
+    tasks = task_folders(root)
+    problems = [problem for task in tasks for problem in task_problems(task)]
+    if problems:
+        raise HarborTaskError(f"harbor:{root}: " + "; ".join(problems))
+    return [task_row(task) for task in tasks]
+
+
+def write_task(row: dict[str, Any], folder: Path) -> Path:
+    """Rebuild a row's task folder under `folder` (checked against the sha256 staging recorded); returns it."""
+    task = row["harbor_task"]
+    out = folder / PurePosixPath(row["task"]).name
+    for name, encoded in task["files"].items():
+        relative = PurePosixPath(name)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise HarborTaskError(f"task {row['task']!r}: file {name!r} is outside the task folder")
+        content = _decode(encoded)
+        if hashlib.sha256(content).hexdigest() != task["sha256"][name]:
+            raise HarborTaskError(f"task {row['task']!r}: {name} does not match the sha256 staging recorded")
+        path = out / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        if name in task.get("executable", ()):
+            path.chmod(0o755)
+    return out
+
+
+def local_image(task: Path) -> LocalImage | str:
+    """What the task's Dockerfile sets up for the local backend, or why the task needs its image built."""
+    compose = [name for name in COMPOSE_FILES if (task / name).is_file()]
+    if compose:
+        return f"it is a multi-container task ({compose[0]})"
+    config = tomllib.loads((task / TASK_FILE).read_text(encoding="utf-8"))
+    prebuilt = (config.get("environment") or {}).get("docker_image")
+    if prebuilt:
+        return f"it runs in the prebuilt image {prebuilt!r}"
+    dockerfile = task / DOCKERFILE
+    image = LocalImage()
+    if not dockerfile.is_file():
+        return image
+    for number, instruction, argument in _instructions(dockerfile.read_text(encoding="utf-8")):
+        if instruction not in LOCAL_INSTRUCTIONS:
+            return f"its Dockerfile needs building ({DOCKERFILE} line {number}: {instruction} {argument[:60]})"
+        if instruction == "WORKDIR":
+            image.workdir = str(PurePosixPath(image.workdir) / argument.strip())
+        elif instruction == "ENV":
+            image.env.update(_env_pairs(argument))
+        elif instruction == "COPY":
+            words = shlex.split(argument)
+            if any(word.startswith("--from") for word in words) or len(words) < 2:
+                return f"its Dockerfile copies from another image ({DOCKERFILE} line {number})"
+            destination = str(PurePosixPath(image.workdir) / words[-1])
+            image.copies += [(source, destination) for source in words[:-1]]
+    return image
+
+
+def _instructions(text: str) -> list[tuple[int, str, str]]:
+    """(line, INSTRUCTION, argument) of a Dockerfile, continuation lines joined, comments dropped."""
+    out: list[tuple[int, str, str]] = []
+    pending, start = "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        start = start or number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        instruction, _, argument = (pending + stripped).partition(" ")
+        out.append((start, instruction.upper(), argument.strip()))
+        pending, start = "", 0
+    return out
+
+
+def _env_pairs(argument: str) -> dict[str, str]:
+    words = shlex.split(argument)
+    if len(words) >= 2 and "=" not in words[0]:  # the old form: ENV NAME value with spaces
+        return {words[0]: " ".join(words[1:])}
+    return dict(word.split("=", 1) for word in words if "=" in word)
+
+
+def _encode(content: bytes) -> str | dict[str, str]:
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(content).decode()}
+
+
+def _decode(encoded: str | dict[str, str]) -> bytes:
+    return encoded.encode("utf-8") if isinstance(encoded, str) else base64.b64decode(encoded["base64"])

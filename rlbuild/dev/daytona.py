@@ -18,7 +18,7 @@ signed with the push-access key, so a test can tell where each credential went.
 
 A sandbox is a folder on this machine whose subfolders are its top-level folders (`<root>/app` is `/app`), with
 one user, who runs every command (Harbor's `su` to root or to the task's user runs the command as that user).
-"Building" it honours what rlbuild's local backend honours of a Dockerfile (rlbuild/stages/harbor_tasks.py
+"Building" it honours what rlbuild's local backend honours of a Dockerfile (rlbuild/contracts/rows.py
 `local_image`: WORKDIR, ENV, COPY from the uploaded context) and refuses the rest; the image's own programs are
 not there. Commands run through a `Runner` the caller gives (the tests give one that runs them in rlbuild's
 bubblewrap sandbox, trainer/sandbox/local.py, with those folders bound at their paths), so a model's command never
@@ -48,7 +48,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
-from rlbuild.stages.harbor_tasks import DOCKERFILE, TASK_FILE, local_image
+from rlbuild.contracts.rows import DOCKERFILE, TASK_FILE, local_image
 
 ORGANIZATION = "stand-in-organization"
 BUCKET = "stand-in-builds"

@@ -26,10 +26,9 @@ from rlbuild.contracts.manifest import (
     verify_manifest,
     write_manifest,
 )
-from rlbuild.contracts.rows import COLUMNS, check_row, read_rows
+from rlbuild.contracts.rows import COLUMNS, check_row, read_rows, task_rows
 from rlbuild.contracts.sources import FOLDER_SCHEMES, Source, SourceError, StagingError
 from rlbuild.core import storage
-from rlbuild.stages import harbor_tasks
 
 # Names that make up a tokenizer in a Hugging Face model folder; when the tokenizer has its own source,
 # these come from there and never from the model source.
@@ -310,7 +309,7 @@ def _data_rows(source: Source, artifact_dirs: Mapping[str, Path] | None) -> Iter
     if source.scheme == "task":
         return (check_row(row, f"{source}") for row in _task_rows(source))
     if source.scheme == "harbor":
-        return harbor_tasks.task_rows(_local_path(source))
+        return task_rows(_local_path(source))
     path = _resolve(source, artifact_dirs, "dataset")
     if path.is_file():
         return _file_rows(path)

@@ -58,7 +58,7 @@ def bwrap_runner(root: Path, command: str, env: Mapping[str, str], cwd: str) -> 
     work.mkdir(exist_ok=True)
     places = {f"/{p.name}": p for p in root.iterdir() if p.is_dir() and p != work}
     variables = [option for name, value in env.items() for option in ("--setenv", name, value)]
-    argv = bwrap_argv(SPEC, work, *variables, places=places)
+    argv = bwrap_argv(SPEC, work, *variables, binds=places)
     try:
         done = subprocess.run(
             [*argv, "/usr/bin/env", "-C", cwd, "/bin/sh", "-c", command],

@@ -86,6 +86,7 @@ class Episode:
     def record(self) -> dict[str, Any]:
         """The trajectory as JSON: what a person reads to see what the policy did."""
         return {
+            "task": self.row.get("task"),
             "prompt": self.row.get("prompt"),
             "answer": self.row.get("answer"),
             "turns": [vars(turn) for turn in self.turns],
@@ -136,7 +137,9 @@ class EpisodePlayer:
         self.environment_seconds = 0.0
         self._started_before = 0
         self.sandboxes: SandboxPool | None = None
-        if section.sandbox is not None:
+        # An environment that opens its own sandbox (a Harbor task builds it from the task's environment) gets the
+        # recipe's spec instead of a pooled one.
+        if section.sandbox is not None and not getattr(self.environment, "opens_sandbox", False):
             from trainer.sandbox.pool import SandboxPool
 
             # Every episode of a batch holds its sandbox through all its turns, so the pool keeps as many as a
@@ -207,7 +210,7 @@ class _LiveEpisode:
         try:
             if player.sandboxes is not None:
                 episode.sandbox = player.sandboxes.acquire(row.get("files") or {})
-            episode.env = _build(player.environment, row, player.section.max_turns, episode.sandbox)
+            episode.env = _build(player.environment, row, player.section, episode.sandbox)
             prompt, _ = episode.env.init(prompt)
         except Exception as error:  # an environment that cannot start is an errored episode, not a dead step
             episode._fail("init", error)
@@ -241,6 +244,7 @@ class _LiveEpisode:
         if done or self.finished or last_turn or len(action_ids) < len(rollout.token_ids):
             self.ended = "done" if done else "eos" if self.finished else "max_turns" if last_turn else "context"
             self.turns.append(Turn(action, observation, reward, len(action_ids), 0, seconds))
+            self._verify()
             return
         observed = list(self.player.tokenizer(observation, add_special_tokens=False)["input_ids"])
         room = self.player.context - len(self.ids)
@@ -248,6 +252,18 @@ class _LiveEpisode:
         self.turns.append(Turn(action, observation, reward, len(action_ids), min(room, len(observed)), seconds))
         if room <= len(observed):  # no room for another action
             self.ended = "context"
+            self._verify()
+
+    def _verify(self) -> None:
+        """An environment judged once the episode is over (`verify()`: a Harbor task's verifier) adds its reward;
+        a verifier that fails makes the episode an error (reward 0), as a failed step does."""
+        verify = getattr(self.env, "verify", None)
+        if not callable(verify):
+            return
+        try:
+            self.reward += float(verify())
+        except Exception as error:
+            self._fail("verify", error)
 
     def _append(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
         self.tokens += ids
@@ -292,11 +308,12 @@ def _timings(sandbox: Any) -> dict[str, Any]:
     return dataclasses.asdict(timings) if dataclasses.is_dataclass(timings) else dict(timings)
 
 
-def _build(environment: type, row: Mapping[str, Any], max_turns: int, sandbox: Any) -> Any:
+def _build(environment: type, row: Mapping[str, Any], section: EnvironmentSection, sandbox: Any) -> Any:
     """An episode's environment, as skyrl-gym builds one: `Env(env_config, extras)`."""
-    env = environment({}, {**row, "max_turns": max_turns, "sandbox": sandbox})
+    extras = {**row, "max_turns": section.max_turns, "sandbox": sandbox, "sandbox_spec": section.sandbox}
+    env = environment(dict(section.env_config), extras)
     if getattr(env, "max_turns", None) is None:
-        env.max_turns = max_turns
+        env.max_turns = section.max_turns
     return env
 
 

@@ -95,12 +95,9 @@ def bwrap() -> str:
         return found
 
 
-def bwrap_argv(
-    spec: SandboxSection, folder: Path, *options: str, places: Mapping[str, Path] | None = None
-) -> list[str]:
-    """bwrap with `options` and the spec's limits, up to the command to run in the sandbox. `places`: more
-    writable host folders, each at its path in the sandbox (an image's /app, /logs); they are bound before the
-    sandbox's root turns read-only, as their mount points are made in it."""
+def bwrap_argv(spec: SandboxSection, folder: Path, *options: str, binds: Mapping[str, Path] | None = None) -> list[str]:
+    """bwrap with `options` and the spec's limits, up to the command to run in the sandbox; `binds` puts host
+    folders (inside the episode's folder) at other absolute paths too, as a task's image lays out its files."""
     if not Path(PRLIMIT).is_file():
         raise SandboxError(f"environment.sandbox.backend local sets its limits with {PRLIMIT}: install util-linux")
     return [
@@ -110,7 +107,7 @@ def bwrap_argv(
         *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
         *("--proc", "/proc", "--dev", "/dev", *(option for place in WRITABLE for option in ("--tmpfs", place))),
         *("--bind", str(folder), WORK),
-        *(option for target, source in (places or {}).items() for option in ("--bind", str(source), target)),
+        *(option for target, source in (binds or {}).items() for option in ("--bind", str(source), target)),
         *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK),
         *("--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK),
         *options,
@@ -171,7 +168,7 @@ class LocalSandbox(ClosedOnExit):
     that started bwrap, as PR_SET_PDEATHSIG does), so open it on a thread that outlives the episode (and, reused
     through `reset`, every later episode)."""
 
-    def __init__(self, spec: SandboxSection, folder: Path) -> None:
+    def __init__(self, spec: SandboxSection, folder: Path, binds: Mapping[str, Path] | None = None) -> None:
         began = time.monotonic()
         self.spec = spec
         self.folder = folder
@@ -182,7 +179,7 @@ class LocalSandbox(ClosedOnExit):
         # The shell starts with default signal actions, as a reset's restart gives it: a trainer started under
         # `nohup` (SIGHUP ignored, inherited through bwrap) otherwise failed every reset's check against it.
         shell = ["/usr/bin/env", "--default-signal", "/bin/sh"]
-        argv = [*bwrap_argv(spec, folder, "--info-fd", str(info_write)), *shell]
+        argv = [*bwrap_argv(spec, folder, "--info-fd", str(info_write), binds=binds), *shell]
         try:
             self._process = subprocess.Popen(
                 argv,
@@ -241,14 +238,16 @@ class LocalSandbox(ClosedOnExit):
         """Whether the sandbox is gone (a limit, the shell's exit, close): it serves no further episode."""
         return self._ended
 
-    def run(self, command: str) -> CommandResult:
+    def run(self, command: str, timeout_s: float | None = None) -> CommandResult:
         """Run `command` in the episode's shell. A newline in it is part of the command (a multi-line script),
-        not a second command."""
+        not a second command. `timeout_s`: a limit of its own, outside the episode's budget (a task's verifier)."""
         if self._ended:
             return CommandResult("", None, 0.0, "the sandbox was stopped earlier; the command was not run", True)
         began = time.monotonic()
         left = self.spec.episode_timeout_s - self.timings.command_s
-        if left < self.spec.command_timeout_s:
+        if timeout_s is not None:
+            deadline, overtime = timeout_s, f"the command ran past its {timeout_s:g} s limit"
+        elif left < self.spec.command_timeout_s:
             deadline, overtime = left, f"the episode's {self.spec.episode_timeout_s:g} s of sandbox time are used up"
         else:
             limit = self.spec.command_timeout_s
