@@ -1,11 +1,11 @@
-"""One Harbor episode on Daytona, against a recording stand-in of Daytona's API (rlbuild/dev/daytona.py; no
-Daytona account exists here): Harbor's DaytonaEnvironment and the daytona SDK talk real HTTP to it, and the
-episode's commands run in rlbuild's bubblewrap sandbox. The tests read what crossed: the calls in order, where the
-API key went, and that no AWS_*/R2_* value of the trainer's environment was sent."""
+"""Harbor task episodes on the `daytona` backend (trainer/sandbox/harbor.py `open_task_sandbox`), against a
+recording stand-in of Daytona's API (rlbuild/dev/daytona.py; no Daytona account exists here): Harbor's
+DaytonaEnvironment and the daytona SDK talk real HTTP to it, and the episode's commands run in rlbuild's bubblewrap
+sandbox. The tests read what crossed: the calls in order, where the API key went, and that no AWS_*/R2_* value of
+the trainer's environment was sent."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -13,24 +13,21 @@ import subprocess
 import uuid
 import zlib
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.dev.daytona import Call, DaytonaStandIn, Ran, daytona_stand_in
+from trainer.sandbox import CommandResult
 from trainer.sandbox.local import as_sandbox_user, bwrap_argv, hand_over
 
 pytest.importorskip("harbor", reason="the harbor extra (scripts/setup.sh --extra harbor)")
 
-from harbor.environments.factory import EnvironmentFactory
-from harbor.models.environment_type import EnvironmentType
-from harbor.models.task.task import Task
-from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
-from harbor.utils.async_cleanup import with_async_cleanup
-from harbor.verifier.verifier import Verifier
+from trainer.sandbox.harbor import open_task_sandbox
 
-SPEC = SandboxSection(command_timeout_s=10.0, memory_mb=1024)
+SPEC = SandboxSection(backend="daytona", command_timeout_s=10.0, memory_mb=1024)
 # Values of the trainer's own credentials, fresh each run, so a match in a request can only be a leak.
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": f"aws-id-{uuid.uuid4().hex}",
@@ -72,8 +69,9 @@ def bwrap_runner(root: Path, command: str, env: Mapping[str, str], cwd: str) -> 
     return Ran(done.returncode, done.stdout, done.stderr)
 
 
-@pytest.fixture
-def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[DaytonaStandIn]:
+@pytest.fixture(scope="module")
+def server() -> Iterator[DaytonaStandIn]:
+    """One stand-in for the module: Harbor's Daytona client is one per process, made with the first address."""
     import daytona._async.object_storage as object_storage
 
     plain_store = object_storage.S3Store
@@ -82,13 +80,17 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[DaytonaStandIn]:
         # obstore refuses a plain-http storage URL unless told; Daytona's real one is https, the stand-in's is not.
         return plain_store(*args, client_options={**(client_options or {}), "allow_http": True}, **kwargs)
 
-    monkeypatch.setattr(object_storage, "S3Store", loopback_store)
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    with daytona_stand_in(bwrap_runner) as server:
-        for name, value in server.env().items():
-            monkeypatch.setenv(name, value)
-        yield server
+    with pytest.MonkeyPatch.context() as patch, daytona_stand_in(bwrap_runner) as stand_in:
+        patch.setattr(object_storage, "S3Store", loopback_store)
+        for name, value in {**CREDENTIALS, **stand_in.env()}.items():
+            patch.setenv(name, value)
+        yield stand_in
+
+
+@pytest.fixture
+def stand_in(server: DaytonaStandIn) -> DaytonaStandIn:
+    server.calls.clear()
+    return server
 
 
 @pytest.fixture
@@ -109,33 +111,11 @@ def task_dir(tmp_path: Path) -> Path:
     return task
 
 
-async def _episode(task_dir: Path, trial_dir: Path, command: str) -> tuple[int, float]:
-    """Start, one command, Harbor's verifier, stop and delete: the command's exit code and the reward."""
-    task = Task(task_dir)
-    paths = TrialPaths(trial_dir)
-    paths.mkdir()
-    environment = EnvironmentFactory.create_environment(
-        EnvironmentType.DAYTONA,
-        environment_dir=task.paths.environment_dir,
-        environment_name=task.name,
-        session_id=uuid.uuid4().hex,
-        trial_paths=paths,
-        task_env_config=task.config.environment,
-    )
-    await environment.start(force_build=False)
-    try:
-        await environment.empty_dirs([EnvironmentPaths.verifier_dir], chmod=True)  # as Harbor's Trial does
-        ran = await environment.exec(command)
-        result = await Verifier(task=task, trial_paths=paths, environment=environment).verify()
-    finally:
-        await environment.stop(delete=True)
-    assert result.rewards is not None
-    return ran.return_code, float(result.rewards["reward"])
-
-
-def _run(task_dir: Path, trial_dir: Path, command: str) -> tuple[int, float]:
-    # Harbor's Daytona client is one per process; the cleanup closes it, so the next test's starts afresh.
-    return asyncio.run(with_async_cleanup(_episode(task_dir, trial_dir, command)))
+def _episode(task_dir: Path, command: str) -> tuple[CommandResult, float]:
+    """Open the task's sandbox, run one command, score it with the task's verifier, close it."""
+    with open_task_sandbox(SPEC, task_dir) as sandbox:
+        result = sandbox.run(command)
+        return result, sandbox.verify()
 
 
 def _step(call: Call) -> str | None:
@@ -171,30 +151,41 @@ def _sent(calls: list[Call], value: str) -> list[str]:
     ]
 
 
-def test_one_episode_crosses_as_create_exec_verify_delete(
-    stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path
-) -> None:
-    exit_code, reward = _run(task_dir, tmp_path / "trial", "cp hello.txt answer.txt")
+def test_one_episode_crosses_as_create_exec_verify_delete(stand_in: DaytonaStandIn, task_dir: Path) -> None:
+    result, reward = _episode(task_dir, "cp hello.txt answer.txt")
 
-    assert (exit_code, reward) == (0, 1.0)
+    assert (result.exit_code, reward) == (0, 1.0)
     steps = [step for step in map(_step, stand_in.calls) if step]
     assert [step.split(":")[0] for step in steps] == [
         "push access",  # the Dockerfile's context goes to Daytona's object storage: HEAD, then a multipart upload
         *("upload context", "upload context", "upload context", "upload context", "create"),
-        *("exec", "exec"),  # Harbor empties /logs/verifier; the agent's command
+        *("exec", "exec"),  # Harbor's log folders made; the agent's command
         *("exec", "upload", "exec", "exec", "exec", "exec"),  # the verifier: old rewards out, tests/ in, test.sh
         *("exec", "download", "exec", "delete"),  # /logs/verifier packed, fetched, its tarball removed
     ]
     commands = [step.removeprefix("exec: ") for step in steps if step.startswith("exec: ")]
-    assert commands[1] == "bash -c 'cp hello.txt answer.txt'"
+    assert "mkdir -p /logs/agent /logs/verifier /logs/artifacts" in commands[0]
+    assert commands[1] == "timeout 10 bash -c 'cp hello.txt answer.txt'"
     assert "tar -xzf /tmp/runtime_upload_" in commands[3] and "-C /tests" in commands[3]
     assert "(/tests/test.sh) > /logs/verifier/test-stdout.txt" in commands[6]
     assert "tar -czf /tmp/runtime_download_" in commands[7] and "-C /logs/verifier" in commands[7]
     assert not any(stand_in.folder.iterdir())  # the delete removed the sandbox
 
 
-def test_the_api_key_travels_only_as_the_bearer_token(stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path) -> None:
-    _run(task_dir, tmp_path / "trial", "true")
+def test_episodes_in_a_row_and_side_by_side(stand_in: DaytonaStandIn, task_dir: Path) -> None:
+    """Harbor's Daytona client is one per process and bound to an event loop: every episode uses it, whichever
+    thread plays it; the verifier scores each episode's own sandbox."""
+    commands = ["cp hello.txt answer.txt", "echo wrong > answer.txt"]
+    in_a_row = [_episode(task_dir, command)[1] for command in commands]
+    with ThreadPoolExecutor(2) as pool:
+        side_by_side = [reward for _, reward in pool.map(lambda command: _episode(task_dir, command), commands)]
+
+    assert in_a_row == side_by_side == [1.0, 0.0]
+    assert [sum(_step(call) == step for call in stand_in.calls) for step in ("create", "delete")] == [4, 4]
+
+
+def test_the_api_key_travels_only_as_the_bearer_token(stand_in: DaytonaStandIn, task_dir: Path) -> None:
+    _episode(task_dir, "true")
 
     bearer = ("Authorization", f"Bearer {stand_in.api_key}")
     api = [call for call in stand_in.calls if call.path.startswith(("/api/sandbox", "/api/object", "/toolbox/"))]
@@ -204,21 +195,21 @@ def test_the_api_key_travels_only_as_the_bearer_token(stand_in: DaytonaStandIn, 
     assert _sent(rest + [call for call in stand_in.calls if call not in api], stand_in.api_key) == []
 
 
-def test_no_aws_or_r2_value_reaches_daytona(stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path) -> None:
-    # The agent's command reads its environment: a value there would come back in the command's logs.
-    _run(task_dir, tmp_path / "trial", "env")
+def test_no_aws_or_r2_value_reaches_daytona(stand_in: DaytonaStandIn, task_dir: Path) -> None:
+    # The agent's command lists its environment: a value there would come back in the command's logs.
+    result, _ = _episode(task_dir, "env")
 
-    assert stand_in.calls
+    assert "PATH=" in result.output
     assert {name: _sent(stand_in.calls, value) for name, value in CREDENTIALS.items()} == {
         name: [] for name in CREDENTIALS
     }
 
 
-def test_a_value_the_task_sends_is_seen(stand_in: DaytonaStandIn, task_dir: Path, tmp_path: Path) -> None:
+def test_a_value_the_task_sends_is_seen(stand_in: DaytonaStandIn, task_dir: Path) -> None:
     """The check above can fail: a task that asks for a variable of the trainer's environment by name
     ([environment.env], resolved by Harbor) sends its value, and the recorded requests show it."""
     (task_dir / "task.toml").write_text('version = "1.0"\n[environment.env]\nLEAK = "${R2_ACCESS_KEY_ID}"\n')
 
-    _run(task_dir, tmp_path / "trial", "true")
+    _episode(task_dir, "true")
 
     assert "POST /api/sandbox" in _sent(stand_in.calls, CREDENTIALS["R2_ACCESS_KEY_ID"])
