@@ -3,9 +3,9 @@ account exists here, yet Harbor's DaytonaEnvironment and the daytona SDK under i
 HTTP, and a test should see every request they send (method, path, headers, body), in order.
 
 It answers what one Harbor episode asks of Daytona (Harbor 0.25, daytona 0.226), under three roots of one server:
-- `/api` (DAYTONA_API_URL): create a sandbox from a Dockerfile (`POST /sandbox`), read it, stop it, delete it,
-  and the object-storage credentials the SDK uploads a Dockerfile's build context with
-  (`GET /object-storage/push-access`);
+- `/api` (DAYTONA_API_URL): create a sandbox from a Dockerfile (`POST /sandbox`; it answers `started` at once, so
+  the SDK has no state to wait for), delete it (`DELETE /sandbox/<id>`), and the object-storage credentials the
+  SDK uploads a Dockerfile's build context with (`GET /object-storage/push-access`);
 - `/storage` (the push-access storageUrl): that upload, in S3's protocol (HEAD, then a multipart upload of
   `<org>/<hash>/context.tar`: POST ?uploads, PUT each part, POST ?uploadId to complete);
 - `/toolbox` (the sandbox's toolboxProxyUrl): process sessions (`POST /<id>/process/session`, `.../exec`, the
@@ -60,9 +60,7 @@ TOP_FOLDERS = ("tmp", "logs", "tests", "solution")
 URLS = Map(
     [
         Rule("/api/sandbox", methods=["POST"], endpoint="create"),
-        Rule("/api/sandbox/<sandbox>", methods=["GET"], endpoint="read"),
         Rule("/api/sandbox/<sandbox>", methods=["DELETE"], endpoint="delete"),
-        Rule("/api/sandbox/<sandbox>/stop", methods=["POST"], endpoint="stop"),
         Rule("/api/object-storage/push-access", methods=["GET"], endpoint="push_access"),
         Rule("/storage/<bucket>/<path:key>", methods=["HEAD", "PUT", "POST"], endpoint="storage"),
         Rule("/toolbox/<sandbox>/process/session", methods=["POST"], endpoint="session"),
@@ -203,13 +201,6 @@ class DaytonaStandIn:
                 _copy((task / DOCKERFILE).parent / source, _inside(root, destination))
         return image.env, image.workdir
 
-    def _read(self, request: Request, sandbox: str) -> Response:
-        return self._dto(self._box(sandbox))
-
-    def _stop(self, request: Request, sandbox: str) -> Response:
-        self._box(sandbox).state = "stopped"
-        return Response(status=200)
-
     def _delete(self, request: Request, sandbox: str) -> Response:
         box = self._box(sandbox)
         shutil.rmtree(box.root, ignore_errors=True)
@@ -226,7 +217,7 @@ class DaytonaStandIn:
         )
 
     def _storage(self, request: Request, bucket: str, key: str) -> Response:
-        """S3's HEAD and PUT of an object, and the three requests of a multipart upload (obstore's way)."""
+        """S3's HEAD of an object, and the three requests of a multipart upload (obstore's way, whatever the size)."""
         upload = request.args.get("uploadId")
         if request.method == "POST" and "uploads" in request.args:
             upload = uuid.uuid4().hex
@@ -239,9 +230,6 @@ class DaytonaStandIn:
             parts = self.uploads.pop(upload)
             self.objects[key] = b"".join(parts[number] for number in sorted(parts))
             return _xml("CompleteMultipartUploadResult", Bucket=bucket, Key=key, ETag='"stored"')
-        if request.method == "PUT":
-            self.objects[key] = request.get_data()
-            return Response(status=200, headers={"ETag": '"stored"'})
         if request.method == "HEAD" and key in self.objects:
             return Response(status=200, headers={"Content-Length": str(len(self.objects[key])), "ETag": '"stored"'})
         return Response(status=404)
@@ -251,17 +239,14 @@ class DaytonaStandIn:
         return Response(status=201)
 
     def _execute(self, request: Request, sandbox: str, session: str) -> Response:
-        """Run the command to its end before answering, so Harbor's first poll finds its exit code (Harbor sleeps a
-        second between polls)."""
+        """Harbor sends every command with `runAsync` and polls for its exit code, sleeping a second between polls;
+        the stand-in runs it to its end before answering, so the first poll finds it."""
         box = self._box(sandbox)
         spec = json.loads(request.get_data())
         ran = self.runner(box.root, _as_the_one_user(spec["command"]), box.env, box.workdir)
         command_id = uuid.uuid4().hex
         box.commands[command_id] = (spec["command"], ran)
-        if spec.get("runAsync") or spec.get("async"):
-            return _json({"cmdId": command_id})
-        output = (ran.stdout + ran.stderr).decode(errors="replace")
-        return _json({"cmdId": command_id, "exitCode": ran.exit_code, "output": output, **_streams(ran)})
+        return _json({"cmdId": command_id})
 
     def _command(self, request: Request, sandbox: str, session: str, command: str) -> Response:
         text, ran = self._ran(sandbox, command)
@@ -310,7 +295,7 @@ def _xml(root: str, **values: str) -> Response:
 
 
 def _streams(ran: Ran) -> dict[str, str]:
-    return {"stdout": ran.stdout.decode(errors="replace"), "stderr": ran.stderr.decode(errors="replace")}
+    return {name: data.decode(errors="replace") for name, data in (("stdout", ran.stdout), ("stderr", ran.stderr))}
 
 
 def _as_the_one_user(command: str) -> str:
