@@ -7,9 +7,11 @@ environments of that type, started from the node the episode runs on with the cr
 its commands with `run`, is scored once with `verify` (the task's tests/test.sh writes the reward), and `close`
 stops and deletes the sandbox.
 
-Harbor is asynchronous; a sandbox keeps an event loop of its own and runs each call to its end, so the episode
-player's threads use it like the local sandbox. Harbor is imported here only: a run without Harbor tasks never
-loads it (it is the `harbor` extra).
+Harbor is asynchronous; each call runs to its end, so the episode player's threads use a sandbox like the local
+one. A local sandbox keeps an event loop of its own (its commands block the loop they run on, and episodes run side
+by side). A provider's sandboxes share one loop, on a thread of its own: Harbor's client for a provider is one per
+process (Daytona's DaytonaClientManager), bound to the loop it was made on, so a second loop could not use it.
+Harbor is imported here only: a run without Harbor tasks never loads it (it is the `harbor` extra).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Coroutine
@@ -25,6 +28,19 @@ from typing import Any
 
 from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, SandboxSection
 from trainer.sandbox import ClosedOnExit, CommandResult, SandboxError, SandboxTimings
+
+_shared_loop: asyncio.AbstractEventLoop | None = None
+_shared_loop_lock = threading.Lock()
+
+
+def _shared_event_loop() -> asyncio.AbstractEventLoop:
+    """The process's loop for providers' sandboxes, started on its own thread at first use."""
+    global _shared_loop
+    with _shared_loop_lock:
+        if _shared_loop is None:
+            _shared_loop = asyncio.new_event_loop()
+            threading.Thread(target=_shared_loop.run_forever, name="harbor-providers", daemon=True).start()
+        return _shared_loop
 
 
 def _harbor() -> Any:
@@ -51,7 +67,8 @@ class HarborSandbox(ClosedOnExit):
         self.timings = SandboxTimings()
         self.ended = False
         self._verifier_class = verifier.Verifier
-        self._loop = asyncio.new_event_loop()
+        self._shared = SANDBOX_PROVIDERS[spec.backend].harbor_type is not None
+        self._loop = _shared_event_loop() if self._shared else asyncio.new_event_loop()
         self._trial = Path(tempfile.mkdtemp(prefix="rlbuild-harbor-"))
         self._trial.chmod(0o711)  # a root trainer's sandbox runs as another user, who must reach its folders
         try:
@@ -60,6 +77,10 @@ class HarborSandbox(ClosedOnExit):
             self.trial_paths.mkdir()
             self.environment = self._environment(factory)
             self._call(self.environment.start(force_build=False))
+            # Harbor's trials have the environment make its log folders at start (the mounts they pass); a
+            # provider's sandbox gets them nowhere else, and the verifier writes its reward in one.
+            places = paths.EnvironmentPaths.for_os(self.environment.os)
+            self._call(self.environment.ensure_dirs([places.agent_dir, places.verifier_dir, places.artifacts_dir]))
         except BaseException:
             self.close()
             raise
@@ -82,6 +103,8 @@ class HarborSandbox(ClosedOnExit):
         return factory.EnvironmentFactory.create_environment(factory.EnvironmentType(harbor_type), **keywords)
 
     def _call[T](self, work: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        if self._shared:
+            return asyncio.run_coroutine_threadsafe(asyncio.wait_for(work, timeout_s), self._loop).result()
         return self._loop.run_until_complete(asyncio.wait_for(work, timeout_s))
 
     def run(self, command: str) -> CommandResult:
@@ -125,7 +148,7 @@ class HarborSandbox(ClosedOnExit):
                 self._call(environment.stop(delete=True), 60)
         finally:
             self.environment = None
-            if not self._loop.is_closed():
+            if not self._shared and not self._loop.is_closed():
                 self._loop.close()
             shutil.rmtree(self._trial, ignore_errors=True)
 
