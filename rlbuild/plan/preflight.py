@@ -158,7 +158,8 @@ def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) ->
             f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes)",
         ),
         "lock": (
-            f"the nodes set up from uv.lock{' with extra ' + nodes.extra if nodes.extra else ''}, which installs none "
+            f"the nodes set up from uv.lock{' with extras ' + ', '.join(nodes.extras) if nodes.extras else ''}, "
+            "which installs none "
             "on Linux x86_64" + ("" if on_gpus(experiment) else " (a CPU topology installs no GPU extra)"),
             "use a GPU topology (its nodes get the gpu extra), or pin runtime.image to an image with vLLM",
         ),
