@@ -240,7 +240,7 @@ def check_concurrency(experiment: Experiment, recipe: Recipe) -> list[Violation]
 def _within_cap(engines: int, cap: int, backend: str) -> str:
     fits = cap // engines * engines
     if fits:
-        return f"set {CONCURRENT_FIELD}: {fits} ({fits // engines} per engine x {engines} engines)"
+        return f"set {CONCURRENT_FIELD}: {fits} ({fits // engines} per engine x {engines} engine(s))"
     return (
         f"the cap holds fewer sandboxes than there are engines ({engines}): raise execution.sandbox_caps.{backend} "
         f"to at least {engines} if the provider allows it, or plan fewer engines"

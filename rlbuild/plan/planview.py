@@ -200,7 +200,7 @@ def format_sandbox(sandbox: dict[str, Any] | None, max_steps: int) -> list[str]:
     if at_once is None:
         held = f"{sandbox['episodes_per_step']} episodes at once (every episode of a step: max_concurrent null)"
     else:
-        held = f"{at_once} episodes at once ({at_once // engines} per engine x {engines} engines)"
+        held = f"{at_once} episodes at once ({at_once // engines} per engine x {engines} engine(s))"
     cap = f"cap {sandbox['cap']} (execution.sandbox_caps)" if sandbox["cap"] is not None else "no cap declared"
     batches, per_step = sandbox["sample_batches_per_step"], sandbox["episodes_per_step"]
     episodes = f"{batches} sample batches x {per_step}" if batches > 1 else str(per_step)

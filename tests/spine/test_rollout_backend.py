@@ -158,4 +158,5 @@ def test_rlbuild_check_judges_the_nodes_as_the_profile_runs_them(tmp_path: Path)
 def test_auto_on_gpus_is_vllm_where_the_runtime_has_it() -> None:
     doc = experiment(recipe={"generator": {"backend": "auto"}})
     plan = resolve(parse_experiment(doc, "t"), "2026.09.21", "/tmp/r")
-    assert f"  rollout        vLLM {installed_version('vllm')} (the nodes run this checkout's .venv)" in format_plan(plan)
+    installed = installed_version("vllm")
+    assert f"  rollout        vLLM {installed} (the nodes run this checkout's .venv)" in format_plan(plan)
