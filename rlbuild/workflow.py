@@ -36,6 +36,7 @@ from rlbuild.contracts.artifacts import (
     kind_of_target,
     version_of,
 )
+from rlbuild.contracts.recipe import HARBOR_EXTRA
 from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
@@ -46,7 +47,7 @@ from rlbuild.core.wire import restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
 from rlbuild.plan import series, slurm
-from rlbuild.plan.noderuntime import node_runtime
+from rlbuild.plan.noderuntime import GPU_EXTRA, node_runtime
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan
@@ -680,7 +681,8 @@ class Graph:
         experiment gives it (`execution.export` / `execution.eval`), as Slurm and Iris read them."""
         size = getattr(self.experiment.execution, kind)
         sizes = {"cpus_per_task": size.cpu, "mem_mb": size.mem_mb, "iris_cpu": size.cpu, "iris_memory": size.memory}
-        return self._for_executor(slurm.cluster_resources(self.experiment) | sizes | self._node_runtime(gpus=False))
+        runtime = self._node_runtime(gpus=False, episodes=kind == "eval")
+        return self._for_executor(slurm.cluster_resources(self.experiment) | sizes | runtime)
 
     def gang_resources(self) -> dict[str, int | str]:
         """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""
@@ -698,19 +700,21 @@ class Graph:
                 "iris_priority": iris.priority,
                 "iris_max_retries": iris.max_retries,
             }
-        resources |= self._node_runtime(gpus=True)
+        resources |= self._node_runtime(gpus=True, episodes=True)
         return self._for_executor(resources | slurm.gang_resources(self.experiment))
 
-    def _node_runtime(self, *, gpus: bool) -> dict[str, int | str]:
-        """What Iris runs a job's bundle on: the experiment's image, or a set-up of its uv.lock with the extra the
-        GPU nodes need (the runtime preflight judged, rlbuild/plan/noderuntime.py). Nothing when the nodes share
-        this checkout's .venv."""
+    def _node_runtime(self, *, gpus: bool, episodes: bool) -> dict[str, int | str]:
+        """What Iris runs a job's bundle on: the experiment's image, or a set-up of its uv.lock with the extras the
+        runtime preflight judged (rlbuild/plan/noderuntime.py): `gpu` for the GPU nodes, `harbor` for the jobs that
+        play episodes (train, eval) where Harbor runs them. Nothing when the nodes share this checkout's .venv."""
         if self.shares_venv:
             return {}
         runtime = node_runtime(self.experiment, shares_venv=False)
         if runtime.image:
             return {"iris_image": runtime.image}
-        return {"iris_extras": runtime.extra} if gpus and runtime.extra else {}
+        wanted = {GPU_EXTRA: gpus, HARBOR_EXTRA: episodes}
+        extras = [extra for extra in runtime.extras if wanted.get(extra)]
+        return {"iris_extras": ",".join(extras)} if extras else {}
 
     def _for_executor(self, resources: dict[str, int | str]) -> dict[str, Any]:
         """The resources as the executor that runs the job sees them: another scheduler's (`iris_*` under Slurm,

@@ -66,6 +66,10 @@ COVERED_ELSEWHERE = {
         "tests/trainer/test_learning.py::test_the_shipped_experiment_learns_its_held_out_prompts[agent] (its recipe, "
         "seed and split, held-out success >= 0.8)"
     ),
+    "snakemake --cores 2 --config experiment=tiny-harbor": (
+        "tests/trainer/test_harbor.py::test_the_tiny_agent_trains_on_harbor_tasks_and_its_export_is_evaluated_on_held_out_ones"
+        " (its recipe and task set, on a budget of 3 steps)"
+    ),
     "snakemake --cores 2 --config experiment=tiny-series": (
         "tests/e2e/test_series.py (the shipped series on a budget: every arm, the smoke first, the report)"
     ),

@@ -247,8 +247,9 @@ class EnvironmentSection(StrictModel):
         None,
         ge=2,
         le=10_000_000,
-        description="prompt + every turn's tokens at most; an episode that reaches it ends truncated. null: "
-        "max_prompt_length + max_turns x max_generate_length",
+        description="prompt + every turn's tokens at most; an episode that reaches it ends truncated. null: the "
+        "model's own context (its tokenizer's model_max_length); preflight then refuses max_prompt_length + "
+        "max_turns x max_generate_length past the model's positions",
     )
     max_concurrency: int = Field(
         8, ge=1, le=100_000, description="environment steps (sandbox commands) in flight at once"

@@ -238,9 +238,21 @@ def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
 
 
 def check_rollout_backend(document: LaunchDocument) -> None:
-    """The node has the rollout engine its launch document needs (vLLM for `vllm`, and for `auto` on GPUs):
-    preflight judged the declared runtime (an image it cannot look into, or uv.lock); this is the node itself."""
+    """The node has the rollout engine its launch document needs (vLLM for `vllm`, and for `auto` on GPUs), and
+    Harbor where its sandbox backend is one of Harbor's: preflight judged the declared runtime (an image it cannot
+    look into, or uv.lock); this is the node itself."""
     from rlbuild.contracts.launch import CPU_VARIANT
+    from rlbuild.contracts.recipe import SANDBOX_PROVIDERS
+
+    sandbox = document.recipe.environment.sandbox
+    extra = SANDBOX_PROVIDERS[sandbox.backend].extra if sandbox is not None else None
+    if extra is not None and importlib.util.find_spec("harbor") is None:
+        image = document.runtime.image
+        raise RuntimeMismatchError(
+            f"environment.sandbox.backend {sandbox.backend!r} starts its sandboxes through Harbor, and this node has "
+            f"none ({'image ' + image if image else 'set up from uv.lock'}): every episode would fail after Ray "
+            f"starts. Use an image with harbor (runtime.image), or the lock's {extra!r} extra."
+        )
 
     backend, allocation = document.recipe.generator.backend, document.iris.allocation
     needs_vllm = backend == "vllm" or (backend == "auto" and allocation.gpu_variant.lower() != CPU_VARIANT)

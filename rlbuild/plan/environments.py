@@ -5,6 +5,10 @@ Both are checked here without importing the environment or the trainer: an entry
 packages' metadata, a `module:Class` with `importlib.util.find_spec`. An environment from another package than
 rlbuild brings its own version into the identity of what it scores (its distribution's version, or the digest of
 its source for a module that no installed distribution owns); rlbuild's own are covered by the runtime digest.
+
+The sandboxes the episodes run in are checked here too (`check_sandbox`): how many a step holds at once against
+the engines and the provider's cap, Harbor in the runtime the nodes will run, and each Harbor task against the
+backend that must run its Dockerfile.
 """
 
 from __future__ import annotations
@@ -20,11 +24,25 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from pathlib import Path
 
-from rlbuild.contracts.sources import SourceError, parse_source
+from rlbuild.contracts.recipe import HARBOR_EXTRA, SANDBOX_PROVIDERS, Recipe
+from rlbuild.contracts.rows import (
+    BUILDING_BACKENDS,
+    HarborTaskError,
+    LocalImage,
+    local_image,
+    task_folders,
+    task_problems,
+)
+from rlbuild.contracts.sources import Source, SourceError, parse_source
 from rlbuild.core.errors import Violation
+from rlbuild.plan.noderuntime import NodeRuntime, harbor_needed
 from rlbuild.plan.spec import Experiment
 
 GROUP = "rlbuild.environments"
+CONCURRENT_FIELD = "recipe.environment.sandbox.max_concurrent"
+INSTALL_HARBOR = "scripts/setup.sh --extra harbor"
+# Tasks refused one by one before the rest are counted: a set of 1000 tasks must not bury the other problems.
+LISTED_TASKS = 10
 OWN_DISTRIBUTION = "rlbuild"
 OWN_PACKAGES = ("rlbuild", "trainer")
 
@@ -128,18 +146,23 @@ def _source_digest(spec: importlib.machinery.ModuleSpec) -> str:
     return digest.hexdigest()[:16]
 
 
-def task_sources(experiment: Experiment) -> dict[str, str]:
-    """`{field: task name}` of the experiment's `task:<name>/<split>` data sources."""
-    out: dict[str, str] = {}
+def _data_sources(experiment: Experiment, scheme: str) -> dict[str, Source]:
+    """`{field: parsed source}` of the experiment's data sources of one scheme."""
+    out: dict[str, Source] = {}
     for split in ("train", "validation"):
         for i, entry in enumerate(getattr(experiment.data, split)):
             try:
                 source = parse_source(entry.source, entry.revision)
             except SourceError:
                 continue  # reported by check_sources
-            if source.scheme == "task":
-                out[f"data.{split}.{i}.source"] = source.task[0]
+            if source.scheme == scheme:
+                out[f"data.{split}.{i}.source"] = source
     return out
+
+
+def task_sources(experiment: Experiment) -> dict[str, str]:
+    """`{field: task name}` of the experiment's `task:<name>/<split>` data sources."""
+    return {field: source.task[0] for field, source in _data_sources(experiment, "task").items()}
 
 
 def check_environments(experiment: Experiment, env_class: str | None) -> list[Violation]:
@@ -169,3 +192,131 @@ def providers(names: list[str]) -> dict[str, str]:
     """`{name: provider}` of the environments among `names` that do not come with rlbuild (they enter identity)."""
     found = {name: find_environment(name) for name in sorted(set(names))}
     return {name: env.provider for name, env in found.items() if env is not None and env.provider is not None}
+
+
+def check_sandbox(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) -> list[Violation]:
+    """The sandboxes as the plan will hold them: how many at once, Harbor where it plays the episodes, and every
+    Harbor task against the backend that must build (or not build) its image."""
+    found = check_concurrency(experiment, recipe) + check_harbor_runtime(experiment, recipe, nodes)
+    return found + check_harbor_tasks(experiment, recipe)
+
+
+def check_concurrency(experiment: Experiment, recipe: Recipe) -> list[Violation]:
+    """Sandboxes at once are K per engine x engines (seed 003: K x engines = n_concurrent_trials), and within the
+    provider's cap where `execution.sandbox_caps` declares one. Unbounded (null), the episode player plays every
+    episode of a sample batch at once (trainer/agents/episodes.py: train_batch_size x n_samples_per_prompt, all
+    engines together), so that is what must fit the cap."""
+    sandbox = recipe.environment.sandbox
+    if sandbox is None:
+        return []
+    engines, backend = recipe.generator.num_inference_engines, sandbox.backend
+    cap = experiment.execution.sandbox_caps.get(backend)
+    wanted = sandbox.max_concurrent
+    if wanted is None:
+        t, g = recipe.trainer, recipe.generator
+        episodes = t.train_batch_size * g.n_samples_per_prompt
+        if cap is None or episodes <= cap:
+            return []
+        message = (
+            f"null holds every episode of a step at once: train_batch_size {t.train_batch_size} x "
+            f"n_samples_per_prompt {g.n_samples_per_prompt} = {episodes} {backend} sandboxes, more than "
+            f"execution.sandbox_caps.{backend}={cap}"
+        )
+        return [Violation(CONCURRENT_FIELD, message, _within_cap(engines, cap, backend))]
+    if cap is not None and wanted > cap:
+        message = f"{wanted} {backend} sandboxes at once, more than execution.sandbox_caps.{backend}={cap}"
+        return [Violation(CONCURRENT_FIELD, message, _within_cap(engines, cap, backend))]
+    if wanted % engines == 0:
+        return []
+    below = wanted // engines * engines
+    nearest = [str(v) for v in (below, below + engines) if v >= engines and (cap is None or v <= cap)]
+    message = (
+        f"{wanted} is not a multiple of role_plan.num_inference_engines={engines}: each engine drives K sandboxes "
+        "(K x engines, seed 003's n_concurrent_trials)"
+    )
+    return [Violation(CONCURRENT_FIELD, message, f"use {' or '.join(nearest)}")]
+
+
+def _within_cap(engines: int, cap: int, backend: str) -> str:
+    fits = cap // engines * engines
+    if fits:
+        return f"set {CONCURRENT_FIELD}: {fits} ({fits // engines} per engine x {engines} engine(s))"
+    return (
+        f"the cap holds fewer sandboxes than there are engines ({engines}): raise execution.sandbox_caps.{backend} "
+        f"to at least {engines} if the provider allows it, or plan fewer engines"
+    )
+
+
+def check_harbor_runtime(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) -> list[Violation]:
+    """Harbor must be in the runtime the nodes will run where it plays the episodes: this .venv where the jobs share
+    it, the lock's `harbor` extra for the nodes' platform where they set up from it. An image is checked by each
+    node before Ray starts (gang.check_rollout_backend)."""
+    if nodes.origin == "image" or nodes.harbor is not None or not harbor_needed(experiment):
+        return []
+    sandbox = recipe.environment.sandbox
+    provider = SANDBOX_PROVIDERS[sandbox.backend] if sandbox is not None else None
+    if sandbox is not None and provider is not None and provider.extra == HARBOR_EXTRA:
+        field = "recipe.environment.sandbox.backend"
+        why = f"backend {sandbox.backend!r} starts each episode's sandbox through Harbor ({provider.harbor_type})"
+    else:
+        field = next(iter(_data_sources(experiment, "harbor")))
+        why = "a harbor: task set is loaded and verified by Harbor where the episodes run"
+    if nodes.origin == "venv":
+        where = "the nodes run this checkout and its .venv, where harbor is not importable"
+        fix = (
+            f"install the {HARBOR_EXTRA!r} extra with `{INSTALL_HARBOR}`; if the jobs do not run this .venv, "
+            "judge the runtime they do run with `rlbuild check --profile iris` (or slurm)"
+        )
+    else:
+        where = f"the nodes set up from uv.lock with extras {', '.join(nodes.extras)}, which resolve no harbor for "
+        where += "Linux x86_64"
+        fix = f"declare harbor in pyproject's {HARBOR_EXTRA!r} extra and run `uv lock`, or pin runtime.image"
+    return [Violation(field, f"{why}, and the runtime the job will use has none: {where}", fix)]
+
+
+def check_harbor_tasks(experiment: Experiment, recipe: Recipe) -> list[Violation]:
+    """Every task of every `harbor:` source is a task, and one the sandbox backend can run: `local` builds no
+    image, so a task whose Dockerfile needs a build (a RUN line, a compose file, a prebuilt image) is refused."""
+    sandbox = recipe.environment.sandbox
+    building = ", ".join(BUILDING_BACKENDS)
+    out: list[Violation] = []
+    for field, source in _data_sources(experiment, "harbor").items():
+        root = source.local_path()
+        if not root.exists():
+            continue  # check_sources names the missing path
+        try:
+            tasks = task_folders(root)
+        except HarborTaskError as error:
+            out.append(Violation(field, str(error)))
+            continue
+        problems = [problem for task in tasks for problem in task_problems(task)]
+        if problems:
+            fix = "each task folder needs instruction.md, task.toml and tests/test.sh (`harbor init` writes them)"
+            out.append(Violation(field, f"{source}: {'; '.join(problems)}", fix))
+            continue
+        if sandbox is None:
+            message = f"{source}: a Harbor task runs its commands and verifier in a sandbox, and recipe.environment."
+            message += "sandbox is null"
+            fix = f"set recipe.environment.sandbox.backend: one of {building} (or local, for tasks that build nothing)"
+            out.append(Violation(field, message, fix))
+        elif sandbox.backend == "local":
+            out += _unbuildable(field, str(source), [(task.name, local_image(task)) for task in tasks])
+    return out
+
+
+def _unbuildable(field: str, source: str, images: list[tuple[str, LocalImage | str]]) -> list[Violation]:
+    refused = [(name, reason) for name, reason in images if isinstance(reason, str)]
+    fix = f"set recipe.environment.sandbox.backend to one of {', '.join(BUILDING_BACKENDS)} (they build the image)"
+    out = [
+        Violation(
+            field,
+            f"task {name!r} of {source}: {reason}, and sandbox backend 'local' builds no image (it runs a Dockerfile "
+            "of FROM, WORKDIR, COPY, ENV and the like on the node's own programs)",
+            f"{fix}, or take the task out of the set",
+        )
+        for name, reason in refused[:LISTED_TASKS]
+    ]
+    if len(refused) > LISTED_TASKS:
+        more = f"and {len(refused) - LISTED_TASKS} more tasks of {source} need their image built"
+        out.append(Violation(field, more, fix))
+    return out

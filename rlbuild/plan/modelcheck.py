@@ -141,16 +141,40 @@ def check_model(config: dict[str, Any], experiment: Experiment, recipe: Recipe |
                     f"keep generator.max_prompt_length + {name}.max_generate_length <= {positions}",
                 )
             )
-    context = recipe.environment.max_context_tokens
-    if context is not None and context > positions:
-        out.append(
+    return out + _episode_context(recipe, positions)
+
+
+def _episode_context(recipe: Recipe, positions: int) -> list[Violation]:
+    """An agent episode's tokens against the model's positions: `max_context_tokens` where stated (the episode ends
+    truncated there), else what its turns can add up to, prompt + max_turns x max_generate_length (null: the
+    episode may grow to the model's own context, trainer/agents/episodes.py `context_limit`)."""
+    env, g = recipe.environment, recipe.generator
+    if env.max_context_tokens is not None:
+        if env.max_context_tokens <= positions:
+            return []
+        return [
             Violation(
                 "recipe.environment.max_context_tokens",
-                f"{context} tokens of an agent episode, more than the model's max_position_embeddings={positions}",
+                f"{env.max_context_tokens} tokens of an agent episode, more than the model's "
+                f"max_position_embeddings={positions}",
                 f"keep environment.max_context_tokens <= {positions} (or null: the model's own context)",
             )
+        ]
+    per_turn = g.sampling_params.max_generate_length
+    turns = g.max_prompt_length + env.max_turns * per_turn
+    if env.max_turns == 1 or turns <= positions:  # one turn is the prompt + generation budget checked above
+        return []
+    reachable = (positions - g.max_prompt_length) // per_turn
+    lower = f"lower environment.max_turns to {reachable}, or " if reachable >= 1 else ""
+    return [
+        Violation(
+            "recipe.environment.max_turns",
+            f"max_prompt_length {g.max_prompt_length} + max_turns {env.max_turns} x max_generate_length {per_turn} = "
+            f"{turns} tokens of an agent episode, more than the model's max_position_embeddings={positions}: with "
+            "max_context_tokens null an episode is cut at the model's context, so its last turns never play",
+            f"{lower}state environment.max_context_tokens: {positions} to train on episodes that end truncated there",
         )
-    return out
+    ]
 
 
 def _heads_against_tp(config: dict[str, Any], tp: int) -> list[Violation]:

@@ -113,6 +113,7 @@ def plan_dict(
             },
             "slurm": slurm_dict(plan, measured_step_time),
             "cost": None if cost is None else cost.as_dict(),
+            "sandbox": sandbox_dict(plan),
             "env": {
                 "placement": {k: v for k, v in launch.env.items() if k not in numeric_env(launch.env)},
                 "numerics": numeric_env(launch.env),
@@ -163,6 +164,52 @@ def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
         f"  chain          wall-clock limit {slurm['time_limit']} per link, checkpoint and hand-over "
         f"{slurm['signal_lead_s']} s before it; at most {slurm['max_links']} link(s), {expected}",
         format_shared_disk(slurm["shared_disk"]),
+    ]
+
+
+def sandbox_dict(plan: Plan) -> dict[str, Any] | None:
+    """The sandboxes the episodes hold (None: the recipe has none): how many at once, within which cap, the limits
+    of one, and an upper bound on sandbox-hours (every episode of every sample batch running to its timeout; evals
+    not counted: the validation rows are not known before staging)."""
+    recipe = plan.recipe
+    sandbox, t, g = recipe.environment.sandbox, recipe.trainer, recipe.generator
+    if sandbox is None:
+        return None
+    per_step = t.train_batch_size * g.n_samples_per_prompt
+    dynamic = t.algorithm.dynamic_sampling
+    batches = dynamic.max_sample_batches if dynamic.type == "filter" else 1
+    return {
+        "backend": sandbox.backend,
+        "max_concurrent": sandbox.max_concurrent,
+        "engines": g.num_inference_engines,
+        "episodes_per_step": per_step,
+        "cap": plan.experiment.execution.sandbox_caps.get(sandbox.backend),
+        "max_turns": recipe.environment.max_turns,
+        "episode_timeout_s": sandbox.episode_timeout_s,
+        "command_timeout_s": sandbox.command_timeout_s,
+        "memory_mb": sandbox.memory_mb,
+        "sample_batches_per_step": batches,
+        "sandbox_hours_upper_bound": t.max_steps * batches * per_step * sandbox.episode_timeout_s / 3600,
+    }
+
+
+def format_sandbox(sandbox: dict[str, Any] | None, max_steps: int) -> list[str]:
+    if sandbox is None:
+        return []
+    engines, at_once = sandbox["engines"], sandbox["max_concurrent"]
+    if at_once is None:
+        held = f"{sandbox['episodes_per_step']} episodes at once (every episode of a step: max_concurrent null)"
+    else:
+        held = f"{at_once} episodes at once ({at_once // engines} per engine x {engines} engine(s))"
+    cap = f"cap {sandbox['cap']} (execution.sandbox_caps)" if sandbox["cap"] is not None else "no cap declared"
+    batches, per_step = sandbox["sample_batches_per_step"], sandbox["episodes_per_step"]
+    episodes = f"{batches} sample batches x {per_step}" if batches > 1 else str(per_step)
+    return [
+        f"  sandbox        {sandbox['backend']}: {held}, {cap}; max_turns {sandbox['max_turns']}; per episode "
+        f"{sandbox['episode_timeout_s']:g} s, per command {sandbox['command_timeout_s']:g} s, "
+        f"{sandbox['memory_mb']} MiB",
+        f"  sandbox time   at most {sandbox['sandbox_hours_upper_bound']:.4g} sandbox-h (upper bound: {max_steps} "
+        f"steps x {episodes} episodes x {sandbox['episode_timeout_s']:g} s episode timeout; evals not counted)",
     ]
 
 
@@ -242,6 +289,7 @@ def format_plan(
         f"{bat['micro_train_batch_size_per_gpu']}/GPU ({geo['micro_batches_per_optimizer_step']} micro-batches); "
         f"{bat['max_steps']} steps",
         *([f"  training cost  {cost.line()}"] if cost is not None else []),
+        *format_sandbox(d["sandbox"], bat["max_steps"]),
         "  artifacts",
     ]
     for a in ARTIFACTS:

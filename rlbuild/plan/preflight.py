@@ -13,13 +13,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlbuild.contracts.recipe import Recipe, recipe_problems
+from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe, recipe_problems
 from rlbuild.contracts.sources import SourceError, parse_source
 from rlbuild.core.errors import PreflightError, Violation
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import is_secret_name
 from rlbuild.core.yamlfile import load_yaml
-from rlbuild.plan.environments import check_environments
+from rlbuild.plan.environments import check_environments, check_sandbox
 from rlbuild.plan.identity import flatten
 from rlbuild.plan.modelcheck import check_base_model, check_model, source_model_config
 from rlbuild.plan.noderuntime import NodeRuntime, node_runtime, on_gpus
@@ -158,7 +158,8 @@ def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) ->
             f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes)",
         ),
         "lock": (
-            f"the nodes set up from uv.lock{' with extra ' + nodes.extra if nodes.extra else ''}, which installs none "
+            f"the nodes set up from uv.lock{' with extras ' + ', '.join(nodes.extras) if nodes.extras else ''}, "
+            "which installs none "
             "on Linux x86_64" + ("" if on_gpus(experiment) else " (a CPU topology installs no GPU extra)"),
             "use a GPU topology (its nodes get the gpu extra), or pin runtime.image to an image with vLLM",
         ),
@@ -191,18 +192,34 @@ def check_sources(experiment: Experiment) -> list[Violation]:
 
 
 def check_credentials(recipe: Recipe) -> list[Violation]:
-    """Credentials a stage will need, checked where they are forwarded from: the submitting environment."""
-    if recipe.trainer.logger != "wandb":
-        return []
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return []
-    return [
-        Violation(
-            "recipe.trainer.logger",
-            "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), and none is set",
-            "export WANDB_API_KEY, or set WANDB_MODE=offline, or use logger: console",
+    """Credentials a stage will need, checked where they are forwarded from: the submitting environment. Only
+    names are ever written: a value would land in a terminal, a log or CI output."""
+    out: list[Violation] = []
+    wandb_off = os.environ.get("WANDB_MODE") in ("offline", "disabled")
+    if recipe.trainer.logger == "wandb" and not os.environ.get("WANDB_API_KEY") and not wandb_off:
+        out.append(
+            Violation(
+                "recipe.trainer.logger",
+                "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), and none is "
+                "set",
+                "export WANDB_API_KEY, or set WANDB_MODE=offline, or use logger: console",
+            )
         )
-    ]
+    sandbox = recipe.environment.sandbox
+    backend = sandbox.backend if sandbox is not None else "local"
+    missing = [name for name in SANDBOX_PROVIDERS[backend].credentials if not os.environ.get(name)]
+    if missing:
+        names = " and ".join(missing)
+        out.append(
+            Violation(
+                "recipe.environment.sandbox.backend",
+                f"{backend!r} needs {names} in the submitting environment (forwarded to the jobs by name; every "
+                f"episode's sandbox is started with it), and {'they are' if len(missing) > 1 else 'it is'} unset",
+                f"export {names} in the shell that runs rlbuild or snakemake, or choose another backend "
+                f"({', '.join(b for b in SANDBOX_PROVIDERS if b != backend)})",
+            )
+        )
+    return out
 
 
 def check_plain_values(experiment: Experiment) -> list[Violation]:
@@ -258,7 +275,8 @@ def _check_experiment(experiment: Experiment, shares_venv: bool) -> tuple[Recipe
     violations_found += recipe_violations
     if recipe is not None:
         violations_found += check_strategy(recipe) + check_credentials(recipe)
-        violations_found += check_backend(experiment, recipe, node_runtime(experiment, shares_venv=shares_venv))
+        nodes = node_runtime(experiment, shares_venv=shares_venv)
+        violations_found += check_backend(experiment, recipe, nodes) + check_sandbox(experiment, recipe, nodes)
         t, placement = recipe.trainer, experiment.execution.slurm
         step_time = placement.step_time_s if placement else None
         violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)

@@ -23,6 +23,7 @@ from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement, task_env
+from tests.spine.test_sandbox_preflight import NO_HARBOR
 
 DEFAULTS = Defaults(cpu=48, memory="512GB", disk="500GB", priority="interactive", max_retries=1, coschedule="leafgroup")
 GANG = {"gpu_nodes": 2, "gpus_per_node": 8, "gpu_variant": "H100"}
@@ -187,6 +188,23 @@ def test_a_node_without_the_vllm_its_launch_needs_fails_before_starting_ray(tmp_
     check_runtime(str(launch), os.environ)
     launch.write_text(launch.read_text().replace("    backend: auto", "    backend: vllm"))
     with pytest.raises(RuntimeMismatchError, match=r"backend 'vllm' on cpu needs vLLM, and this node has none"):
+        check_runtime(str(launch), os.environ)
+
+
+def test_a_node_without_the_harbor_its_sandbox_needs_fails_before_starting_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch = write_test_launch(tmp_path)
+    text = launch.read_text()
+    assert "\n    sandbox: null\n" in text
+    launch.write_text(text.replace("\n    sandbox: null\n", "\n    sandbox:\n      backend: daytona\n"))
+    if importlib.util.find_spec("harbor") is not None:  # the harbor extra (make setup) is installed here
+        check_runtime(str(launch), os.environ)
+    # A node without harbor: no finder on the import path finds it (the list is put back after the test).
+    monkeypatch.delitem(sys.modules, "harbor", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    exec(NO_HARBOR, {})
+    with pytest.raises(RuntimeMismatchError, match=r"backend 'daytona' starts its sandboxes through Harbor, and this"):
         check_runtime(str(launch), os.environ)
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from rlbuild.core.errors import PreflightError, RuntimeDriftError
 from rlbuild.plan.identity import check_training_runtime
-from rlbuild.plan.noderuntime import installed_vllm, locked_vllm
+from rlbuild.plan.noderuntime import installed_version, locked_version
 from rlbuild.plan.planview import format_plan, plan_dict
 from rlbuild.plan.preflight import check_experiment, parse_experiment
 from rlbuild.plan.resolve import resolve
@@ -22,10 +22,10 @@ from tests.spine.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[2]
 NO_VLLM = pytest.mark.skipif(
-    installed_vllm() is not None, reason="this runtime has vLLM (scripts/setup.sh --extra gpu)"
+    installed_version("vllm") is not None, reason="this runtime has vLLM (scripts/setup.sh --extra gpu)"
 )
 HAS_VLLM = pytest.mark.skipif(
-    installed_vllm() is None, reason="needs vLLM (scripts/setup.sh --extra gpu on a GPU node)"
+    installed_version("vllm") is None, reason="needs vLLM (scripts/setup.sh --extra gpu on a GPU node)"
 )
 IMAGE = "ghcr.io/acme/rl@sha256:" + "ab" * 32
 
@@ -54,7 +54,7 @@ def test_vllm_on_cpu_ranks_is_refused_too_and_auto_there_is_torch() -> None:
 
 
 def test_the_seed_64_gpu_example_checks_on_a_machine_without_vllm_when_the_nodes_set_up_from_the_lock() -> None:
-    assert locked_vllm("gpu") is not None  # uv.lock resolves vLLM for Linux x86_64 in the gpu extra
+    assert locked_version("vllm", "gpu") is not None  # uv.lock resolves vLLM for Linux x86_64 in the gpu extra
     assert _backend_problems("auto", shares_venv=False) == []
     assert _backend_problems("vllm", shares_venv=False, runtime__image=IMAGE) == []  # each node checks its image
     (problem,) = _backend_problems("vllm", variant="cpu", shares_venv=False)
@@ -69,8 +69,8 @@ def test_a_lock_without_vllm_for_the_nodes_platform_is_refused(tmp_path: Path) -
     )
     assert darwin_only != lock, "uv.lock's gpu extra no longer names vllm as this test expects"
     (tmp_path / "uv.lock").write_text(darwin_only)
-    assert locked_vllm("gpu", tmp_path / "uv.lock") is None
-    assert locked_vllm("no-such-extra") is None
+    assert locked_version("vllm", "gpu", tmp_path / "uv.lock") is None
+    assert locked_version("vllm", "no-such-extra") is None
 
 
 FLOATING = [
@@ -101,7 +101,7 @@ def test_the_plan_names_the_backend_and_what_the_nodes_run() -> None:
     locked = resolve(parse_experiment(doc, "t"), "2026.09.21", "/tmp/r", shares_venv=False)
     text = format_plan(locked)
     assert "  nodes run      set up from uv.lock with extra gpu (Snakemake shares no software deployment" in text
-    assert f"  rollout        vLLM {locked_vllm('gpu')} (locked for the nodes, uv.lock)" in text
+    assert f"  rollout        vLLM {locked_version('vllm', 'gpu')} (locked for the nodes, uv.lock)" in text
     pinned = resolve(parse_experiment(experiment(runtime__image=IMAGE), "t"), "2026.09.21", "/tmp/r", shares_venv=False)
     assert f"  nodes run      image {IMAGE}" in format_plan(pinned)
     assert plan_dict(pinned)["nodes"]["image"] == IMAGE and pinned.launch.runtime.image == IMAGE
@@ -141,7 +141,7 @@ def test_rlbuild_check_judges_the_nodes_as_the_profile_runs_them(tmp_path: Path)
     iris = subprocess.run([*argv, "--profile", "iris"], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
     assert iris.returncode == 0, iris.stderr
     assert "  nodes run      set up from uv.lock with extra gpu" in iris.stdout
-    if installed_vllm() is None:
+    if installed_version("vllm") is None:
         local = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
         assert local.returncode == 2 and "the nodes run this checkout and its .venv" in local.stderr
     unknown = subprocess.run(
@@ -158,4 +158,5 @@ def test_rlbuild_check_judges_the_nodes_as_the_profile_runs_them(tmp_path: Path)
 def test_auto_on_gpus_is_vllm_where_the_runtime_has_it() -> None:
     doc = experiment(recipe={"generator": {"backend": "auto"}})
     plan = resolve(parse_experiment(doc, "t"), "2026.09.21", "/tmp/r")
-    assert f"  rollout        vLLM {installed_vllm()} (the nodes run this checkout's .venv)" in format_plan(plan)
+    installed = installed_version("vllm")
+    assert f"  rollout        vLLM {installed} (the nodes run this checkout's .venv)" in format_plan(plan)

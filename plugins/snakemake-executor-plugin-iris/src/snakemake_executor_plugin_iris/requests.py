@@ -97,7 +97,8 @@ def runtime_image(resources: Mapping[str, object]) -> str | None:
 
 
 def runtime_extras(resources: Mapping[str, object]) -> tuple[str, ...]:
-    """The extras Iris's set-up of the bundle installs (`iris_extras`: `gpu` on GPU topologies)."""
+    """The extras Iris's set-up of the bundle installs (`iris_extras`: `gpu` on GPU topologies, `harbor` where Harbor
+    plays the episodes)."""
     return tuple(n for n in re.split(r"[,\s]+", str(resources.get("iris_extras") or "")) if n)
 
 
