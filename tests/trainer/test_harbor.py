@@ -7,22 +7,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from rlbuild.contracts.artifacts import EXPORT_MODEL
 from rlbuild.contracts.launch import load_launch
-from rlbuild.contracts.recipe import SandboxSection
-from rlbuild.contracts.rows import local_image, task_folders
+from rlbuild.contracts.recipe import EnvironmentSection, SandboxSection
+from rlbuild.contracts.rows import local_image, task_folders, task_row
 from rlbuild.dev.launches import write_shipped_launch
-from trainer import loop
+from trainer import loop, tiny
+from trainer.agents.episodes import EpisodePlayer
 from trainer.commands.evaluate import evaluate
 from trainer.commands.export import export
 from trainer.data import load_rows
 from trainer.sandbox import SandboxError
 from trainer.sandbox.harbor import open_task_sandbox
+from trainer.workers.engines import Rollout, SamplingParams
 
-TASKS = Path(__file__).resolve().parents[2] / "config" / "harbor" / "find-key"
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "config" / "harbor" / "find-key"
+EXPERIMENTS = REPO / "config" / "experiments"
 SPEC = SandboxSection(backend="local", command_timeout_s=5, episode_timeout_s=20)
 STEPS = 3
 
@@ -56,6 +62,47 @@ def test_a_task_that_needs_its_image_built_is_refused_naming_it_and_the_backends
     assert "line 2: RUN apt-get" in str(local_image(task))
     with pytest.raises(SandboxError, match=r"'needs-build' cannot run on the local backend.*daytona, modal, e2b"):
         open_task_sandbox(SPEC, task)
+
+
+class RightPolicy:
+    """The engines' `generate` for a test: the find-key rule, read off each prompt's last observation (list, open
+    the file starting with `k`, answer what it holds), in the tiny agent's language; records each call's batch."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.batches: list[int] = []
+
+    def __call__(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> list[Rollout]:
+        self.batches.append(len(prompts))
+        out = []
+        for prompt in prompts:
+            seen = self.tokenizer.decode(prompt, skip_special_tokens=True).split(">")
+            if len(seen) == 1:
+                action, end = "ls|", []
+            elif len(seen) == 2:
+                action, end = f"cat {next(n for n in seen[1].rstrip('|').split() if n.startswith('k'))}|", []
+            else:
+                action, end = f"ans {seen[2].rstrip('|')}", [self.tokenizer.eos_token_id]
+            ids = self.tokenizer(action, add_special_tokens=False)["input_ids"] + end
+            out.append(Rollout(ids, [-0.5] * len(ids), bool(end), not end))
+        return out
+
+
+def test_episodes_through_the_player_are_scored_by_the_verifier_at_most_max_concurrent_at_once() -> None:
+    experiment = yaml.safe_load((EXPERIMENTS / "tiny-harbor.yaml").read_text())
+    section = experiment["recipe"]["environment"]
+    section["sandbox"] = {**section["sandbox"], "max_concurrent": 2}
+    rows = [task_row(task) for task in task_folders(TASKS / "train")[:5]]
+    tokenizer = tiny.build_tokenizer("tiny-agent-h64-l2")
+    policy = RightPolicy(tokenizer)
+    player = EpisodePlayer("harbor", EnvironmentSection.model_validate(section), tokenizer)
+    try:
+        episodes = player.play(policy, rows, SamplingParams(max_tokens=12), seed=0)
+    finally:
+        player.close()
+    assert [e.record()["task"] for e in episodes] == [row["task"] for row in rows]
+    assert [(e.reward, e.ended, len(e.turns)) for e in episodes] == [(1.0, "eos", 3)] * 5, [e.error for e in episodes]
+    assert policy.batches == [2, 2, 2, 2, 2, 2, 1, 1, 1]  # three waves (2, 2, 1) of three turns each
 
 
 @pytest.mark.slow

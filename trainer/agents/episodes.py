@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the pool's module is loaded only where a recipe asks for a 
 Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
 # Turn t of a batch samples with seed + t * TURN_SEED_STRIDE: apart from the per-engine and per-batch offsets.
 TURN_SEED_STRIDE = 1 << 20
+WAVE_SEED = 1 << 30  # wave w of a capped batch samples with seed + w * WAVE_SEED: apart from every turn's seeds
 ENDINGS = ("done", "eos", "max_turns", "context", "error")
 
 
@@ -154,8 +155,19 @@ class EpisodePlayer:
         self.pool.shutdown(wait=True)
 
     def play(self, generate: Generate, rows: list[dict[str, Any]], params: SamplingParams, seed: int) -> list[Episode]:
-        """One episode per row, all turns; every resource an episode opened is released before this returns."""
+        """One episode per row, all turns, at most `sandbox.max_concurrent` of them holding a sandbox at once (a
+        provider's cap: the rows are played in waves of that many); every resource an episode opened is released
+        before this returns."""
         params = SamplingParams(params.max_tokens, params.temperature, params.top_p, params.top_k, self.stop_ids)
+        cap = self.section.sandbox.max_concurrent if self.section.sandbox is not None else None
+        size = min(cap or len(rows), len(rows)) or 1
+        waves = [rows[i : i + size] for i in range(0, len(rows), size)]
+        played = (self._play_wave(generate, wave, params, seed + i * WAVE_SEED) for i, wave in enumerate(waves))
+        return [episode for wave in played for episode in wave]
+
+    def _play_wave(
+        self, generate: Generate, rows: list[dict[str, Any]], params: SamplingParams, seed: int
+    ) -> list[Episode]:
         started = time.perf_counter()
         live = list(self.pool.map(self._start, rows))
         try:
