@@ -117,6 +117,11 @@ class LaunchDocument(StrictModel):
         default_factory=dict,
         description="the experiment's execution.env: plain variables every task of the job gets; nodes check them",
     )
+    credentials: list[str] = Field(
+        default_factory=list,
+        description="names of the submitter's variables the job needs (the sandbox provider's credentials): "
+        "forwarded to the job by name, never written here or anywhere; nodes check they arrived",
+    )
 
 
 def dump_launch(document: LaunchDocument) -> str:

@@ -227,6 +227,14 @@ def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
             "code (resolve_launch; a fixed version needs a new version)."
         )
     check_rollout_backend(document)
+    absent = [name for name in document.credentials if not environ.get(name)]
+    if absent:
+        raise RuntimeMismatchError(
+            f"this node lacks {', '.join(absent)}, which {launch} names for its sandbox provider "
+            f"({document.recipe.environment.sandbox.backend if document.recipe.environment.sandbox else '-'}): the "
+            "scheduler did not forward it. Export it in the shell that submits (rlbuild check names what a backend "
+            "needs) and resubmit."
+        )
     wrong = {name: environ.get(name) for name, value in document.env.items() if environ.get(name) != value}
     if wrong:
         found = ", ".join(f"{n}={v!r}" if v is not None else f"{n} unset" for n, v in wrong.items())

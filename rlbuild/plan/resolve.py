@@ -23,7 +23,7 @@ from rlbuild.contracts.launch import (
     Run,
     Runtime,
 )
-from rlbuild.contracts.recipe import Recipe
+from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe
 from rlbuild.contracts.sources import FOLDER_SCHEMES, parse_source
 from rlbuild.core.errors import PreflightError
 from rlbuild.core.storage import join
@@ -244,6 +244,9 @@ def build_launch(
         ),
         recipe=recipe,
         env=dict(sorted(experiment.execution.env.items())),
+        credentials=list(SANDBOX_PROVIDERS[recipe.environment.sandbox.backend].credentials)
+        if recipe.environment.sandbox is not None
+        else [],
     )
 
 

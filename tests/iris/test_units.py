@@ -14,7 +14,7 @@ from iris.client import JobState
 from rlbuild.contracts import runtime
 from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
 from rlbuild.dev.iris_cluster import REPO
-from rlbuild.dev.launches import write_test_launch
+from rlbuild.dev.launches import SPLITS, write_test_launch
 from rlbuild.job.gang import RuntimeMismatchError, check_runtime
 from rlbuild.job.rendezvous import Rendezvous, RendezvousError
 from rlbuild.schedulers.base import GangTaskError, Phase, TaskIdentity
@@ -206,6 +206,21 @@ def test_a_node_without_the_harbor_its_sandbox_needs_fails_before_starting_ray(
     exec(NO_HARBOR, {})
     with pytest.raises(RuntimeMismatchError, match=r"backend 'daytona' starts its sandboxes through Harbor, and this"):
         check_runtime(str(launch), os.environ)
+
+
+def test_the_launch_names_the_providers_credential_and_a_node_without_it_fails_before_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "dtn-" + os.urandom(8).hex()
+    monkeypatch.setenv("DAYTONA_API_KEY", secret)
+    harbor = {split: [{"source": f"harbor:config/harbor/find-key/{split}", "revision": "v1"}] for split in SPLITS}
+    environment = {"env_class": "harbor", "sandbox": {"backend": "daytona", "max_concurrent": 1}}
+    launch = write_test_launch(tmp_path, data=harbor, recipe={"environment": environment})
+    text = launch.read_text()
+    assert "credentials:\n- DAYTONA_API_KEY\n" in text and secret not in text
+    check_runtime(str(launch), {"DAYTONA_API_KEY": secret})
+    with pytest.raises(RuntimeMismatchError, match=r"this node lacks DAYTONA_API_KEY, which .* \(daytona\)"):
+        check_runtime(str(launch), {})
 
 
 def test_a_node_without_the_experiments_env_fails_naming_the_variable(tmp_path: Path) -> None:
