@@ -99,6 +99,8 @@ def train(
         print(f"[trainer] resumed from {resume.uri} at step {step}", flush=True)
     # A fresh start (also --allow-retrain / resume_mode none) drops every earlier line; a resume keeps its past.
     metrics = MetricsWriter.for_launch(launch, kept_until=step if resume else -1)
+    if isinstance(inputs.environment, EpisodePlayer) and metrics.progress is not None:
+        inputs.environment.liveness.publish = metrics.progress.episodes  # status sees episodes before a step ends
     if step == 0 and t.eval_before_train:
         metrics.log(0, accuracies(launch, roles, inputs))
     player = inputs.environment if isinstance(inputs.environment, EpisodePlayer) else None

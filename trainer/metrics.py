@@ -24,7 +24,7 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.metricstream import ELAPSED, ZERO_REWARD_STEPS, MetricsStream
 from rlbuild.contracts.progress import Progress
 from rlbuild.core.redact import redact_text
-from trainer.agents.episodes import episode_statistics
+from trainer.agents.episodes import episode_statistics, sandbox_statistics
 from trainer.errors import TrainerError
 from trainer.sampling import Step
 from trainer.workers import grpo
@@ -86,7 +86,12 @@ def step_metrics(
     train_tokens = stats["train_tokens"]
     policy = {k: v for k, v in stats.items() if k != "train_tokens" and (train_tokens > 0 or k not in PER_TOKEN)}
     episodes = sampled.drawn.episodes
-    played = {f"episode/{k}": v for k, v in episode_statistics(episodes).items()} if episodes is not None else {}
+    played: dict[str, float] = {}
+    if episodes is not None:
+        played |= {f"episode/{k}": v for k, v in episode_statistics(episodes).items()}
+        played |= {f"sandbox/{k}": v for k, v in sandbox_statistics(episodes).items()}
+        # Episodes that finished per minute of the step's rollout: what falls to 0 when sandboxes starve.
+        played["episode/per_minute"] = played["episode/finished"] * 60 / max(clock.laps["rollout"], 1e-9)
     return played | {
         "reward/mean": float(rewards.mean()),
         "reward/min": float(rewards.min()),

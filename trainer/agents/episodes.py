@@ -19,6 +19,12 @@ the environment steps of a turn run `max_concurrency` at a time in threads (a sa
 they overlap); a slow step holds its turn's batch for at most the sandbox's command timeout. Sandboxes come from
 the player's pool (trainer/sandbox/pool.py): an episode's sandbox is reset and lent to a later episode.
 
+Whatever failed on an episode's way is its `sandbox_error`, one of SANDBOX_ERRORS: its sandbox could not be lent,
+its environment could not set up or step, or a command met a time limit or found the sandbox gone (read from the
+command's result: the limit it ran into). An episode without one finished. While a batch plays, the player
+publishes how many finished and the errors so far (`Liveness`, into the trainer's progress document), so
+`rlbuild status` sees a step that starves before it ends.
+
 A reward environment (`reward(row, completion, finished)`) is not played here: the trainer scores its single
 completions as it always has (trainer/sampling.py), bit for bit.
 """
@@ -26,8 +32,10 @@ completions as it always has (trainer/sampling.py), bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,19 +44,29 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlbuild.contracts.recipe import EnvironmentSection
+from rlbuild.contracts.recipe import EnvironmentSection, SandboxSection
 from trainer import env as environments
 from trainer.errors import TrainerError
+from trainer.sandbox import ClosedOnExit, CommandResult, SandboxTimings
 from trainer.workers.engines import Rollout, SamplingParams
 
 if TYPE_CHECKING:  # the pool's module is loaded only where a recipe asks for a sandbox
     from trainer.sandbox.pool import SandboxPool
 
 Generate = Callable[[list[list[int]], SamplingParams, int], list[Rollout]]
+# Where the player's liveness goes (rlbuild/contracts/progress.py `Progress.episodes`): the document, and whether
+# it must be written now (a batch began or ended) rather than when the writer's interval allows.
+Publish = Callable[[dict[str, Any], bool], None]
 # Turn t of a batch samples with seed + t * TURN_SEED_STRIDE: apart from the per-engine and per-batch offsets.
 TURN_SEED_STRIDE = 1 << 20
 WAVE_SEED = 1 << 30  # wave w of a capped batch samples with seed + w * WAVE_SEED: apart from every turn's seeds
 ENDINGS = ("done", "eos", "max_turns", "context", "error")
+# What kept an episode from finishing (docs/design.md, metrics `sandbox/errors_*`): no sandbox could be lent, the
+# environment's init or step raised, a command ran past command_timeout_s or the episode's episode_timeout_s, or
+# the sandbox was gone (its shell exited or was killed).
+SANDBOX_ERRORS = ("start_error", "setup_error", "step_error", "command_timeout", "episode_timeout", "sandbox_ended")
+# A command's seconds this close to its limit ran into it (the backends stop it at the deadline, a hair after).
+LIMIT_SLACK = 0.98
 
 
 class EpisodeSetupError(TrainerError):
@@ -79,6 +97,7 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     error: str | None = None
     sandbox: dict[str, float] = field(default_factory=dict)
+    sandbox_error: str | None = None  # one of SANDBOX_ERRORS: the first failure on the way, None if it finished
 
     @property
     def truncated(self) -> bool:
@@ -94,6 +113,7 @@ class Episode:
             "reward": self.reward,
             "ended": self.ended,
             "error": self.error,
+            "sandbox_error": self.sandbox_error,
             "tokens": {"prompt": len(self.prompt_ids), "completion": len(self.rollout.token_ids)},
             "sandbox": self.sandbox,
         }
@@ -137,6 +157,7 @@ class EpisodePlayer:
         self.pool = ThreadPoolExecutor(section.max_concurrency, thread_name_prefix="episode")
         self.environment_seconds = 0.0
         self._started_before = 0
+        self.liveness = Liveness()
         self.sandboxes: SandboxPool | None = None
         # An environment that opens its own sandbox (a Harbor task builds it from the task's environment) gets the
         # recipe's spec instead of a pooled one.
@@ -162,7 +183,11 @@ class EpisodePlayer:
         cap = self.section.sandbox.max_concurrent if self.section.sandbox is not None else None
         size = min(cap or len(rows), len(rows)) or 1
         waves = [rows[i : i + size] for i in range(0, len(rows), size)]
-        played = (self._play_wave(generate, wave, params, seed + i * WAVE_SEED) for i, wave in enumerate(waves))
+        self.liveness.begin()  # the whole batch, not each wave: a provider's cap of 6 must not mean 2 writes per 6
+        try:
+            played = [self._play_wave(generate, wave, params, seed + i * WAVE_SEED) for i, wave in enumerate(waves)]
+        finally:
+            self.liveness.end()
         return [episode for wave in played for episode in wave]
 
     def _play_wave(
@@ -171,6 +196,7 @@ class EpisodePlayer:
         started = time.perf_counter()
         live = list(self.pool.map(self._start, rows))
         try:
+            self.liveness.count(live)
             for turn in range(self.section.max_turns):
                 playing = [e for e in live if e.ended is None]
                 if not playing:
@@ -180,6 +206,7 @@ class EpisodePlayer:
                 started = time.perf_counter()
                 act = partial(_LiveEpisode.act, last_turn=turn + 1 == self.section.max_turns)
                 list(self.pool.map(act, playing, rollouts))
+                self.liveness.count(playing)
         finally:
             list(self.pool.map(_LiveEpisode.close, live))
             self.environment_seconds += time.perf_counter() - started
@@ -198,6 +225,104 @@ class EpisodePlayer:
         return _LiveEpisode.start(self, row)
 
 
+class Liveness:
+    """How the batches in play are going, for `rlbuild status` between steps: a step that never ends writes no
+    metrics, so the player publishes, as episodes end, how many finished and failed (by SANDBOX_ERRORS kind) since
+    the batches in play began, and when an episode last finished. Batches may play at once (an eval beside
+    fully_async's generator): their counts add up, from when the first of them began.
+
+    `publish` (None: nothing is published) is called outside the lock: a slow write holds no episode thread."""
+
+    def __init__(self) -> None:
+        self.publish: Publish | None = None
+        self._lock = threading.Lock()
+        self._plays = 0
+        self._since: float | None = None
+        self._finished = 0
+        self._errors: Counter[str] = Counter()
+        self._last_finished: float | None = None
+
+    def begin(self) -> None:
+        with self._lock:
+            if self._plays == 0:  # a fresh count: what the last batches did is in the last step's metrics
+                self._since, self._finished, self._errors = time.time(), 0, Counter()
+            self._plays += 1
+            state = self._state()
+        self._send(state, now=True)
+
+    def count(self, episodes: list[_LiveEpisode]) -> None:
+        """Count the episodes of `episodes` that ended since they were last counted."""
+        ended = [e for e in episodes if e.ended is not None and not e.counted]
+        for episode in ended:
+            episode.counted = True
+        if not ended:
+            return
+        with self._lock:
+            for episode in ended:
+                if (kind := episode.failure()) is not None:
+                    self._errors[kind] += 1
+                else:
+                    self._finished += 1
+                    self._last_finished = time.time()
+            state = self._state()
+        self._send(state, now=False)
+
+    def end(self) -> None:
+        with self._lock:
+            self._plays -= 1
+            state = self._state()
+        self._send(state, now=True)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "playing": self._plays > 0,
+            "since": self._since,
+            "finished": self._finished,
+            "errors": dict(self._errors),
+            "last_finished": self._last_finished,
+        }
+
+    def _send(self, state: dict[str, Any], now: bool) -> None:
+        if self.publish is not None:
+            self.publish(state, now)
+
+
+class _Watched(ClosedOnExit):
+    """The sandbox an episode's environment is lent, as the player sees it: each command's latency, and the limit a
+    command that ended the sandbox ran into (the environment sees only the observation's sentence)."""
+
+    def __init__(self, sandbox: Any, spec: SandboxSection) -> None:
+        self.sandbox, self.spec = sandbox, spec
+        self.error: str | None = None
+        self.command_max_s = 0.0
+
+    @property
+    def timings(self) -> SandboxTimings:
+        return self.sandbox.timings
+
+    def run(self, command: str) -> CommandResult:
+        left = self.spec.episode_timeout_s - self.sandbox.timings.command_s
+        result: CommandResult = self.sandbox.run(command)
+        self.command_max_s = max(self.command_max_s, result.seconds)
+        if result.ended and self.error is None:
+            self.error = ended_kind(result, left, self.spec.command_timeout_s)
+        return result
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+
+def ended_kind(result: CommandResult, left_s: float, limit_s: float) -> str:
+    """Which limit a command that ended its sandbox ran into, from its seconds: the episode's sandbox time left
+    (`left_s`, when less than the command's own limit), the command's limit, or none (the shell exited or was
+    killed, or the sandbox was gone before the command)."""
+    if left_s < limit_s and result.seconds >= LIMIT_SLACK * left_s:
+        return "episode_timeout"
+    if result.seconds >= LIMIT_SLACK * limit_s:
+        return "command_timeout"
+    return "sandbox_ended"
+
+
 class _LiveEpisode:
     """An episode in play: its environment, sandbox and the tokens so far."""
 
@@ -214,6 +339,8 @@ class _LiveEpisode:
         self.sandbox: Any = None
         self.env: Any = None
         self.finished = False
+        self.failed: str | None = None  # a SANDBOX_ERRORS kind the player saw raised (a command's: the sandbox's)
+        self.counted = False  # by the player's liveness
 
     @classmethod
     def start(cls, player: EpisodePlayer, row: dict[str, Any]) -> _LiveEpisode:
@@ -221,11 +348,14 @@ class _LiveEpisode:
         prompt = str(row["prompt"])
         try:
             if player.sandboxes is not None:
-                episode.sandbox = player.sandboxes.acquire(row.get("files") or {})
+                assert player.section.sandbox is not None  # the pool exists for the sandbox section
+                lent = player.sandboxes.acquire(row.get("files") or {})
+                episode.sandbox = _Watched(lent, player.section.sandbox)
             episode.env = _build(player.environment, row, player.section, episode.sandbox)
             prompt, _ = episode.env.init(prompt)
         except Exception as error:  # an environment that cannot start is an errored episode, not a dead step
-            episode._fail("init", error)
+            lacking = player.sandboxes is not None and episode.sandbox is None
+            episode._fail("init", error, "start_error" if lacking else "setup_error")
         episode.prompt_ids = list(player.tokenizer(prompt)["input_ids"])
         if episode.ended is None and len(episode.prompt_ids) >= player.context:
             episode.ended = "context"
@@ -282,11 +412,16 @@ class _LiveEpisode:
         self.logprobs += logprobs
         self.mask += [sampled] * len(ids)
 
-    def _fail(self, where: str, error: Exception) -> None:
+    def _fail(self, where: str, error: Exception, kind: str = "step_error") -> None:
         self.ended, self.reward = "error", 0.0
+        self.failed = self.failed or kind
         last = traceback.extract_tb(error.__traceback__)[-1:] or [None]
         place = f" at {last[0].filename}:{last[0].lineno}" if last[0] is not None else ""
         self.error = f"{where}: {type(error).__name__}: {error}{place}"
+
+    def failure(self) -> str | None:
+        """The first SANDBOX_ERRORS kind on the episode's way, or None: it finished."""
+        return self.failed or (self.sandbox.error if isinstance(self.sandbox, _Watched) else None)
 
     def close(self) -> None:
         for resource in (self.env, self.sandbox):
@@ -310,6 +445,7 @@ class _LiveEpisode:
             turns=self.turns,
             error=self.error,
             sandbox=_timings(self.sandbox),
+            sandbox_error=self.failure(),
         )
 
 
@@ -317,7 +453,8 @@ def _timings(sandbox: Any) -> dict[str, Any]:
     timings = getattr(sandbox, "timings", None)
     if timings is None:
         return {}
-    return dataclasses.asdict(timings) if dataclasses.is_dataclass(timings) else dict(timings)
+    found = dataclasses.asdict(timings) if dataclasses.is_dataclass(timings) else dict(timings)
+    return found | ({"command_max_s": sandbox.command_max_s} if isinstance(sandbox, _Watched) else {})
 
 
 def _build(environment: type, row: Mapping[str, Any], section: EnvironmentSection, sandbox: Any) -> Any:
@@ -350,6 +487,7 @@ def episode_statistics(episodes: list[Episode]) -> dict[str, float]:
     """What a step's or an eval's episodes looked like: turns, how they ended, where their time went."""
     n = max(len(episodes), 1)
     stats = {
+        "finished": float(sum(e.sandbox_error is None for e in episodes)),
         "turns_mean": sum(len(e.turns) for e in episodes) / n,
         "turns_max": float(max((len(e.turns) for e in episodes), default=0)),
         "truncated_frac": sum(e.truncated for e in episodes) / n,
@@ -358,3 +496,23 @@ def episode_statistics(episodes: list[Episode]) -> dict[str, float]:
         "observation_tokens_mean": sum(t.observation_tokens for e in episodes for t in e.turns) / n,
     }
     return stats | {f"ended_{how}_frac": sum(e.ended == how for e in episodes) / n for how in ENDINGS}
+
+
+def sandbox_statistics(episodes: list[Episode]) -> dict[str, float]:
+    """Where a step's episodes failed (`errors_<kind>`: episodes by their first failure, SANDBOX_ERRORS) and how
+    fast their sandboxes answered: start (started, or reset and loaded, until the shell answered) and command
+    latency, mean and max; the latencies are absent where no episode had a sandbox."""
+    errors = Counter(e.sandbox_error for e in episodes if e.sandbox_error is not None)
+    stats = {f"errors_{kind}": float(errors[kind]) for kind in SANDBOX_ERRORS}
+    stats["errors"] = float(sum(errors.values()))
+    timed = [e.sandbox for e in episodes if e.sandbox]
+    if not timed:
+        return stats
+    starts = [float(t.get("start_s", 0.0)) for t in timed]
+    commands = sum(int(t.get("commands", 0)) for t in timed)
+    return stats | {
+        "start_s_mean": sum(starts) / len(starts),
+        "start_s_max": max(starts),
+        "command_s_mean": sum(float(t.get("command_s", 0.0)) for t in timed) / max(commands, 1),
+        "command_s_max": max(float(t.get("command_max_s", 0.0)) for t in timed),
+    }
