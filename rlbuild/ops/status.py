@@ -72,7 +72,7 @@ from rlbuild.ops.lease import STALE_S, describe, held_leases, holder_is_gone
 from rlbuild.plan import series
 from rlbuild.plan.identity import record_drift
 from rlbuild.plan.resolve import Plan, resolve
-from rlbuild.plan.spec import Experiment
+from rlbuild.plan.spec import Execution, Experiment
 from rlbuild.plan.versioning import StoredRecords, read_ahead
 from rlbuild.schedulers.base import Phase, SchedulerUnavailableError
 from rlbuild.schedulers.registry import UnknownSchedulerError, scheduler_for
@@ -82,6 +82,13 @@ from rlbuild.schedulers.registry import UnknownSchedulerError, scheduler_for
 STALL_AFTER_S = 600.0
 STALL_STEPS = 20
 STALL_FLOOR_S = 60.0
+# An agent run starves when its episodes stop finishing though its steps have not yet stopped (a step waits on
+# sandboxes that do not answer): stalled once the batches in play finished no episode for the experiment's
+# `execution.episode_stall_after_s` (default EPISODE_STALL_AFTER_S), or once at least MIN_ENDED_FOR_RATE episodes
+# ended since they began and SANDBOX_ERROR_RATE of them failed (trainer/agents/episodes.py SANDBOX_ERRORS).
+EPISODE_STALL_AFTER_S: float = Execution.model_fields["episode_stall_after_s"].default  # 12 minutes
+SANDBOX_ERROR_RATE = 0.5
+MIN_ENDED_FOR_RATE = 8
 TAIL_LINES = 20
 RECENT_STEPS = 10  # steps averaged for steps/min, ETA and engine throughput
 EXITED = re.compile(r"\[rlbuild\] attempt \S+ exited with code (-?\d+)")
@@ -222,7 +229,7 @@ def version_status(
             if entry["state"] == "leased" and (waits := unbuilt_input(plan, a.kind, entries)):
                 entry["verdict"] = f"leased: a live run holds it; its job waits for {waits[0]} ({waits[1]})"
         if a.kind == "train" and entry["state"] not in ("done", "corrupt"):
-            entry |= train_ladder(plan.launch, entry, opts, now)
+            entry |= train_ladder(plan.launch, entry, opts, now, plan.experiment.execution.episode_stall_after_s)
         if a.kind == "train" and entry["state"] == "done":
             entry["gpu_hours"] = gpu_hours_used(plan, stored)
         entries[a.kind] = entry
@@ -369,8 +376,11 @@ def job_process(lease: Entry, record_path: str) -> int | None:
     return None
 
 
-def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float) -> Entry:
-    """The ladder of a train that is not done, and its state and verdict from it."""
+def train_ladder(
+    launch: LaunchDocument, entry: Entry, opts: Options, now: float, starve_after_s: float = EPISODE_STALL_AFTER_S
+) -> Entry:
+    """The ladder of a train that is not done, and its state and verdict from it (`starve_after_s`: seconds the
+    episodes in play may finish none before the train is stalled)."""
     a = launch.artifacts
     max_steps = launch.recipe.trainer.max_steps
     progress = read_progress(a.attempts_root)
@@ -393,6 +403,10 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
     attempt = last_attempt(a.attempts_root)
     ladder["attempt"] = attempt
     ladder["stall_after_s"] = stall_threshold(opts, ladder.get("step_time_s"))
+    if progress is not None and isinstance(progress.get("episodes"), dict):
+        episodes, last = progress["episodes"], progress["episodes"].get("last_finished")
+        ladder["episodes"] = episodes | {"last_finished_age_s": round(max(now - last, 0.0), 1) if last else None}
+        ladder["starving"] = starvation(episodes, now, starve_after_s)
     alive = trainer_alive(progress, ladder, entry, now)
     if alive:
         ladder["alive"] = alive
@@ -406,7 +420,41 @@ def train_ladder(launch: LaunchDocument, entry: Entry, opts: Options, now: float
         state = "failed"
     else:
         state = "leased" if entry["state"] in ("leased", "running") else entry["state"]
-    return {"state": state, "ladder": ladder, "verdict": verdict(state, ladder, entry, opts)}
+    said = verdict(state, ladder, entry, opts)
+    if said.startswith("stalled"):  # a rate from before the stall promises nothing
+        ladder["eta_s"] = None
+    return {"state": state, "ladder": ladder, "verdict": said}
+
+
+def starvation(episodes: Entry, now: float, bound_s: float) -> str | None:
+    """Why an agent run's episodes starve, or None: the batches in play finished no episode for longer than
+    `bound_s` (since the last that finished, or since they began), or SANDBOX_ERROR_RATE of the episodes that
+    ended since they began failed (at least MIN_ENDED_FOR_RATE of them ended). `episodes` is what the trainer
+    publishes in progress.json (rlbuild/contracts/progress.py)."""
+    errors = {str(kind): int(n) for kind, n in (episodes.get("errors") or {}).items() if n}
+    failed = sum(errors.values())
+    ended = failed + int(episodes.get("finished") or 0)
+    said = errors_text(errors)
+    if episodes.get("playing"):
+        quiet = now - max(float(episodes.get("last_finished") or 0.0), float(episodes.get("since") or 0.0))
+        if quiet > bound_s:
+            return f"stalled: no episodes finished in {_span(quiet)}" + (f" ({said})" if said else "")
+    if ended >= MIN_ENDED_FOR_RATE and failed >= SANDBOX_ERROR_RATE * ended:
+        return f"stalled: {failed} of {ended} episodes failed ({said})"
+    return None
+
+
+def errors_text(errors: dict[str, int]) -> str:
+    """`sandbox errors 37: start error` (one kind), `sandbox errors 37: start error 30, command timeout 7`."""
+    if not errors:
+        return ""
+    kinds = [(kind.replace("_", " "), n) for kind, n in sorted(errors.items(), key=lambda item: -item[1])]
+    named = kinds[0][0] if len(kinds) == 1 else ", ".join(f"{kind} {n}" for kind, n in kinds)
+    return f"sandbox errors {sum(errors.values())}: {named}"
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f}m" if seconds >= 60 else f"{seconds:.0f}s"
 
 
 def newest_step(
@@ -580,6 +628,8 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
     age = ladder.get("last_step_age_s")
     if age is not None and age > ladder.get("stall_after_s", STALL_AFTER_S):
         return f"stalled: no step for {age / 60:.1f} min (last step {ladder.get('last_step')})"
+    if ladder.get("starving"):
+        return str(ladder["starving"])
     gang = ladder.get("gang") or {}
     if gang and len(gang["nodes_alive"]) < gang["nodes_expected"]:
         return f"degraded: Ray nodes alive {len(gang['nodes_alive'])}/{gang['nodes_expected']}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlbuild.ops.status import errors_text
+
 LADDER_TAIL = 8
 
 
@@ -53,6 +55,8 @@ def ladder_lines(ladder: dict[str, Any]) -> list[str]:
         lines.append(f"    ray        nodes alive {len(gang['nodes_alive'])}/{expected}")
     rate = ladder.get("rollout_tokens_per_s")
     lines.append(f"    engines    {f'{rate:g} tokens/s over the last steps' if rate else 'no rollout yet'}")
+    if ladder.get("episodes"):
+        lines.append(f"    episodes   {episode_line(ladder['episodes'])}")
     if ladder.get("resumed_from") is not None:
         lines.append(f"    resumed    from step {ladder['resumed_from']}")
     age = ladder.get("last_step_age_s")
@@ -68,3 +72,12 @@ def ladder_lines(ladder: dict[str, Any]) -> list[str]:
         lines.append(f"    last attempt {attempt['id']} exited with code {attempt['exit_code']}:")
         lines += [f"      {line}" for line in attempt["tail"][-LADDER_TAIL:]]
     return lines
+
+
+def episode_line(episodes: dict[str, Any]) -> str:
+    """An agent run's episodes since the batches in play (or the last ones) began, from its progress document."""
+    errors = errors_text(episodes.get("errors") or {}) or "no sandbox errors"
+    where = "playing" if episodes.get("playing") else "between batches"
+    last = episodes.get("last_finished_age_s")
+    finished = f"last finished {_clock(last)} ago" if last is not None else "none finished yet"
+    return f"{where}: {episodes.get('finished', 0)} finished, {errors}; {finished}"

@@ -298,6 +298,13 @@ class Execution(StrictModel):
         description="seconds a training step takes, for the plan's cost where no earlier run of this geometry "
         "measured one",
     )
+    episode_stall_after_s: float = Field(
+        720.0,
+        gt=0,
+        le=604_800,
+        description="seconds a running agent train may play without an episode finishing before `rlbuild status` "
+        "calls it stalled (sandboxes that stop answering, a provider that cannot start them)",
+    )
     sandbox_caps: dict[SandboxBackend, Annotated[int, Field(ge=1, le=100_000)]] = Field(
         default_factory=dict,
         description="sandboxes a provider lets this experiment run at once (e.g. {daytona: 6}, seed 003); "
