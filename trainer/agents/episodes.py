@@ -228,8 +228,9 @@ class EpisodePlayer:
 class Liveness:
     """How the batches in play are going, for `rlbuild status` between steps: a step that never ends writes no
     metrics, so the player publishes, as episodes end, how many finished and failed (by SANDBOX_ERRORS kind) since
-    the batches in play began, and when an episode last finished. Batches may play at once (an eval beside
-    fully_async's generator): their counts add up, from when the first of them began.
+    `since`, and when an episode last finished. `since` is when the batches in play began, or, after batches that
+    finished no episode, when the first of those began. Batches may play at once (an eval beside fully_async's
+    generator): their counts add up.
 
     `publish` (None: nothing is published) is called outside the lock: a slow write holds no episode thread."""
 
@@ -244,7 +245,10 @@ class Liveness:
 
     def begin(self) -> None:
         with self._lock:
-            if self._plays == 0:  # a fresh count: what the last batches did is in the last step's metrics
+            # A fresh count when the last batches finished an episode (what they did is in their step's metrics);
+            # after batches that finished none, the count goes on from when the first of them began, so status
+            # sees the whole time nothing finished, not the current batch's share of it.
+            if self._plays == 0 and (self._since is None or self._finished > 0):
                 self._since, self._finished, self._errors = time.time(), 0, Counter()
             self._plays += 1
             state = self._state()
