@@ -20,7 +20,7 @@ from trainer.agents.episodes import (
     episode_statistics,
     sandbox_statistics,
 )
-from trainer.sandbox import CommandResult
+from trainer.sandbox import CommandResult, Sandbox, open_sandbox
 from trainer.workers.engines import Rollout, SamplingParams
 
 TOKENIZER = tiny.build_tokenizer()
@@ -45,14 +45,35 @@ class RunsItsCommand(BaseTextEnv):
         return {"observations": [], "reward": float(not result.ended), "done": True, "metadata": {}}
 
 
+class OpensItsOwn(RunsItsCommand):
+    """Opens its own sandbox from the recipe's spec, as a Harbor task does (`opens_sandbox`): the player lends none
+    and reads the failure from the sandbox it exposes. A row without a command: the sandbox does not start."""
+
+    opens_sandbox = True
+
+    def init(self, prompt: str) -> tuple[str, dict[str, Any]]:
+        if self.extras.get("command") is None:
+            raise TimeoutError("the provider did not start the sandbox in 120 s")
+        self.sandbox: Sandbox = open_sandbox(self.extras["sandbox_spec"], {})
+        return prompt, {}
+
+    def step(self, action: str) -> dict[str, Any]:
+        result = self.sandbox.run(self.extras["command"])
+        return {"observations": [], "reward": float(not result.ended), "done": True, "metadata": {}}
+
+    def close(self) -> None:
+        if hasattr(self, "sandbox"):
+            self.sandbox.close()
+
+
 def _answer(prompts: list[list[int]], params: SamplingParams, seed: int) -> list[Rollout]:
     ids = TOKENIZER("1.", add_special_tokens=False)["input_ids"]
     return [Rollout(ids, [-0.5] * len(ids), False, True) for _ in prompts]
 
 
-def _player(episode_timeout_s: float = 20.0) -> EpisodePlayer:
+def _player(episode_timeout_s: float = 20.0, env: str = "RunsItsCommand") -> EpisodePlayer:
     sandbox = {"command_timeout_s": COMMAND_TIMEOUT_S, "episode_timeout_s": episode_timeout_s}
-    section = {"env_class": f"{__name__}:RunsItsCommand", "turn_stop": ".", "max_context_tokens": 64}
+    section = {"env_class": f"{__name__}:{env}", "turn_stop": ".", "max_context_tokens": 64}
     return EpisodePlayer(
         section["env_class"], EnvironmentSection.model_validate(section | {"sandbox": sandbox}), TOKENIZER
     )
@@ -111,6 +132,18 @@ def test_an_episode_out_of_sandbox_time_is_an_episode_timeout() -> None:
     finally:
         player.close()
     assert episode.sandbox_error == "episode_timeout"
+
+
+def test_a_sandbox_the_environment_opens_itself_is_watched_too() -> None:
+    player = _player(env="OpensItsOwn")
+    try:
+        rows = [_row("true"), _row("sleep 30"), _row("exit 3"), _row(None)]
+        episodes = player.play(_answer, rows, SamplingParams(max_tokens=4), seed=1)
+    finally:
+        player.close()
+    assert player.sandboxes is None  # nothing pooled: each episode's sandbox is its environment's
+    assert [e.sandbox_error for e in episodes] == [None, "command_timeout", "sandbox_ended", "start_error"]
+    assert episodes[0].sandbox["commands"] == 1 and episodes[0].sandbox["start_s"] > 0, episodes[0].sandbox
 
 
 @pytest.mark.parametrize(

@@ -61,9 +61,9 @@ Publish = Callable[[dict[str, Any], bool], None]
 TURN_SEED_STRIDE = 1 << 20
 WAVE_SEED = 1 << 30  # wave w of a capped batch samples with seed + w * WAVE_SEED: apart from every turn's seeds
 ENDINGS = ("done", "eos", "max_turns", "context", "error")
-# What kept an episode from finishing (docs/design.md, metrics `sandbox/errors_*`): no sandbox could be lent, the
-# environment's init or step raised, a command ran past command_timeout_s or the episode's episode_timeout_s, or
-# the sandbox was gone (its shell exited or was killed).
+# What kept an episode from finishing (docs/design.md, metrics `sandbox/errors_*`): no sandbox could be started or
+# lent, the environment's init raised, its step or verifier raised, a command ran past command_timeout_s or the
+# episode's episode_timeout_s, or the sandbox was gone (its shell exited or was killed).
 SANDBOX_ERRORS = ("start_error", "setup_error", "step_error", "command_timeout", "episode_timeout", "sandbox_ended")
 # A command's seconds this close to its limit ran into it (the backends stop it at the deadline, a hair after).
 LIMIT_SLACK = 0.98
@@ -358,7 +358,10 @@ class _LiveEpisode:
             episode.env = _build(player.environment, row, player.section, episode.sandbox)
             prompt, _ = episode.env.init(prompt)
         except Exception as error:  # an environment that cannot start is an errored episode, not a dead step
-            lacking = player.sandboxes is not None and episode.sandbox is None
+            pooled = player.sandboxes is not None and episode.sandbox is None
+            # An environment that opens its own sandbox (a Harbor task) and raised before it had one: its start.
+            own = episode.env is not None and getattr(player.environment, "opens_sandbox", False)
+            lacking = pooled or (own and getattr(episode.env, "sandbox", None) is None)
             episode._fail("init", error, "start_error" if lacking else "setup_error")
         episode.prompt_ids = list(player.tokenizer(prompt)["input_ids"])
         if episode.ended is None and len(episode.prompt_ids) >= player.context:
@@ -386,6 +389,7 @@ class _LiveEpisode:
             self._fail("step", error)
             return
         seconds = time.perf_counter() - started
+        self._own_sandbox_ended(seconds)
         self.reward += reward
         if done or self.finished or last_turn or len(action_ids) < len(rollout.token_ids):
             self.ended = "done" if done else "eos" if self.finished else "max_turns" if last_turn else "context"
@@ -410,6 +414,19 @@ class _LiveEpisode:
             self.reward += float(verify())
         except Exception as error:
             self._fail("verify", error)
+
+    def _own_sandbox_ended(self, seconds: float) -> None:
+        """Whether the step's command ended a sandbox the environment opened itself (a Harbor task's: the player
+        lent none, so it watches no lease) and which limit it met, from the sandbox the environment exposes as
+        `sandbox`: its command time against the episode's, the step's seconds against the command's limit."""
+        own, spec = getattr(self.env, "sandbox", None), self.player.section.sandbox
+        if self.failure() is not None or self.sandbox is not None or spec is None or not getattr(own, "ended", False):
+            return
+        used = float(getattr(getattr(own, "timings", None), "command_s", 0.0))
+        if used >= LIMIT_SLACK * spec.episode_timeout_s:
+            self.failed = "episode_timeout"
+        else:
+            self.failed = "command_timeout" if seconds >= LIMIT_SLACK * spec.command_timeout_s else "sandbox_ended"
 
     def _append(self, ids: list[int], logprobs: list[float], sampled: int) -> None:
         self.tokens += ids
@@ -448,7 +465,7 @@ class _LiveEpisode:
             ended=self.ended or "max_turns",
             turns=self.turns,
             error=self.error,
-            sandbox=_timings(self.sandbox),
+            sandbox=_timings(self.sandbox if self.sandbox is not None else getattr(self.env, "sandbox", None)),
             sandbox_error=self.failure(),
         )
 
