@@ -49,26 +49,8 @@ def _package_version() -> str:
 
 
 def _storage_root(root: str) -> str:
-    """A local folder (made absolute) or `s3://<bucket>[/<prefix>]`; anything else (an unset variable's empty
-    bucket, a placeholder, another scheme) is bad input, not an empty experiment."""
-    if "://" not in root:
-        return str(Path(root).resolve())
-    scheme, _, rest = root.partition("://")
-    bucket = rest.split("/", 1)[0]
-    if scheme == "s3" and storage.bucket_problem(bucket) is None:
-        return root
-    why = f"scheme {scheme!r} is not s3" if scheme != "s3" else storage.bucket_problem(bucket)
-    raise PreflightError(
-        "--storage-root",
-        [
-            Violation(
-                "storage_root",
-                f"{root!r} is not a storage location ({why}; an unset $RLBUILD_BUCKET leaves it empty)",
-                "give s3://<bucket>/<prefix> with a real bucket (export RLBUILD_BUCKET and RLBUILD_PREFIX), or a "
-                "local folder",
-            )
-        ],
-    )
+    """The checked storage root (rlbuild/core/storage.py): a bad one is bad input, not an empty experiment."""
+    return storage.storage_root(root, "--storage-root")
 
 
 def _plan(args: argparse.Namespace) -> Plan:

@@ -110,6 +110,14 @@ def workflow_config(config: dict[str, Any], source: str = "--config / config/con
         for i, version in enumerate(parsed.versions)
         for v in check_version(version)
     ]
+    if "://" in parsed.storage_root:  # joined to the repository it would become a local folder named `s3:`
+        problems.append(
+            Violation(
+                "config.storage_root",
+                f"{parsed.storage_root!r} is a URL; this key is the local folder (relative to the repository)",
+                "for S3 run `snakemake --profile iris` with RLBUILD_BUCKET and RLBUILD_PREFIX exported",
+            )
+        )
     if problems:
         raise PreflightError(source, problems)
     return parsed
@@ -141,7 +149,7 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
     """
     settings = workflow.storage_settings
     if not settings.default_storage_provider:
-        return str(local_root.resolve())
+        return storage.storage_root(str(local_root), "config.storage_root")
     _export_s3_settings(workflow)
     prefix = (settings.default_storage_prefix or "").rstrip("/")
     unset = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", prefix))

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -205,6 +206,38 @@ def bucket_problem(bucket: str) -> str | None:
     if BUCKET_NAME.match(bucket) and ".." not in bucket:
         return None
     return f"{bucket!r} is not a bucket name" + (" (an unset variable leaves it empty)" if not bucket else "")
+
+
+def storage_root(root: str, field: str) -> str:
+    """`root` checked once, from whichever entry point names it (`--storage-root`, `--config storage_root=`, the
+    default): a local folder (returned absolute) that exists or can be made, and is writable, or
+    `s3://<bucket>[/<prefix>]`. Nothing is created: a dry run or a check leaves the disk as it found it."""
+    problem, fix = _root_problem(root)
+    if problem is None:
+        return root if "://" in root else str(Path(root).resolve())
+    raise PreflightError(field, [Violation("storage_root", f"{root!r} {problem}", fix)])
+
+
+def _root_problem(root: str) -> tuple[str | None, str]:
+    """(why `root` cannot hold artifacts, or None; the fix)."""
+    local_fix = "give a writable folder, or a new one whose nearest existing parent is a writable folder"
+    if "://" in root:
+        scheme, _, rest = root.partition("://")
+        why = f"scheme {scheme!r} is not s3" if scheme != "s3" else bucket_problem(rest.split("/", 1)[0])
+        fix = "give s3://<bucket>/<prefix> with a real bucket (export RLBUILD_BUCKET and RLBUILD_PREFIX), or a folder"
+        return (None if why is None else f"is not a storage location ({why})"), fix
+    path = Path(root).resolve()
+    if path.exists() and not path.is_dir():
+        return "is a file, not a folder", local_fix
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"cannot be created: {existing} is a file, not a folder", local_fix
+    try:  # access(2) says yes to root everywhere; a read-only mount or /proc says no only to a real write
+        Path(tempfile.mkdtemp(prefix=".rlbuild-probe-", dir=existing)).rmdir()
+    except OSError as error:
+        verb = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
+        return f"{verb} ({error.strerror})", local_fix
+    return None, local_fix
 
 
 def endpoint_problem(url: str) -> str | None:
