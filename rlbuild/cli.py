@@ -131,14 +131,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every artifact's state from storage (and the scheduler, for a running job); `--watch N` refreshes."""
     import time
 
-    from rlbuild.ops.status import Options, gather, iris_url_from_environment, target_selection
+    from rlbuild.ops.status import (
+        Options,
+        StatusTargetError,
+        gather,
+        iris_url_from_environment,
+        target_selection,
+    )
     from rlbuild.ops.statusview import format_status
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
     experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
-    versions, kinds = target_selection(args.targets) if args.targets else (config.versions, None)
+    try:
+        versions, kinds = target_selection(args.targets) if args.targets else (config.versions, None)
+    except StatusTargetError as error:  # a mistyped target is bad input (exit 2), as everywhere else
+        fix = f"give KIND/vVERSION, e.g. {artifact('export').version_folder('2026.09.21')}"
+        raise PreflightError("rlbuild status", [Violation("targets", str(error).split(";")[0], fix)]) from None
     if args.version:
         versions = [args.version]
     options = Options(stall_after_s=args.stall_after, iris_url=args.iris_controller_url or iris_url_from_environment())
@@ -405,6 +415,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
         root = storage.join(_storage_root(args.storage_root or str(REPO / config.storage_root)), experiment.name)
         version = args.version or config.versions[0]
+        _compared_series(experiment, version)
         keys = series_keys(experiment, version)
         pairs = [
             (storage.join(root, artifact("launch").path(k)), storage.join(root, artifact("eval").path(k))) for k in keys
@@ -421,6 +432,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{arm:<16} accuracy {found['scores'].get('accuracy')}  GPU-h {found['gpu_hours']}  {found['key']}")
     print(f"rlbuild: series report in {out}/")
     return 0
+
+
+def _compared_series(experiment: Experiment, version: str) -> None:
+    """A comparison needs a series (an experiment with arms) and a version it could have built: else bad input."""
+    from rlbuild.plan.spec import check_version
+
+    problems = check_version(version)
+    if not experiment.arms:
+        problems.append(
+            Violation(
+                "experiment",
+                f"{experiment.name} is not a series (it has no arms:), so there is nothing to compare",
+                "name a series: an experiment with arms: in config/experiments/ (rlbuild compare <series>)",
+            )
+        )
+    if problems:
+        raise PreflightError("rlbuild compare", problems)
 
 
 PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel, cmd_compare}

@@ -133,3 +133,49 @@ def test_the_readme_s_placeholders_are_refused_in_one_line_each(tmp_path: Path) 
     assert dry.returncode != 0
     assert "the default storage prefix 's3://.../p' cannot be used: '...' is not a bucket name" in dry.stderr
     assert "Traceback" not in dry.stderr
+
+
+# What a person mistypes at each command `rlbuild --help` lists: each is bad input (exit 2, README), in one line.
+BAD_INPUT = {
+    "check": ["check", "tiny-additon"],
+    "compare": ["compare", "tiny-addition"],  # not a series
+    "status": ["status", "export/2026.09.21"],  # no `v`
+    "submit": ["submit"],  # no controller, no storage root
+    "cancel": ["cancel", "--storage-root", "s3://"],
+}
+
+
+def test_every_command_people_run_refuses_bad_input_with_exit_2_and_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlbuild.cli import PEOPLE_VERBS, main
+
+    assert set(BAD_INPUT) == set(PEOPLE_VERBS.strip("{}").split(","))  # a new command needs its case here
+    for name in ("SNAKEMAKE_IRIS_CONTROLLER_URL", "RLBUILD_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    for argv in [*BAD_INPUT.values(), ["status", "--watch", "soon"], ["check", "--storage-root", "README.md"]]:
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # argparse's own refusal of an option's value
+            code = stop.code
+        err = capsys.readouterr().err
+        assert code == 2, (argv, err)
+        problems = [line for line in err.splitlines() if line.startswith("  - ") or "error:" in line]
+        assert len(problems) >= 1 and "Traceback" not in err, (argv, err)
+
+
+def test_a_storage_root_is_judged_without_being_made(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlbuild.cli import main
+
+    new = tmp_path / "not" / "yet"
+    assert main(["check", "--storage-root", str(new)]) == 0 and not (tmp_path / "not").exists()
+    assert main(["check", "--storage-root", "/proc/nope"]) == 2
+    assert "'/proc/nope' cannot be created: /proc is not writable" in capsys.readouterr().err
+    dry = run_snakemake(["-n", "--config", "storage_root=/proc/nope"], cwd=tmp_path)
+    assert dry.returncode == 2 and "Traceback" not in dry.stderr, dry.stderr[-2000:]
+    assert "config.storage_root" in dry.stderr and "'/proc/nope' cannot be created" in dry.stderr
+    from rlbuild.core.errors import PreflightError
+    from rlbuild.workflow import workflow_config
+
+    with pytest.raises(PreflightError, match="'s3://bucket/p' is a URL"):  # joined to the repository: a folder `s3:`
+        workflow_config({"experiment": "tiny-addition", "versions": ["dev"], "storage_root": "s3://bucket/p"})
