@@ -362,7 +362,7 @@ def experiment_file(repo: Path, selector: str) -> Path:
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         close = difflib.get_close_matches(selector, known, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else f"known experiments: {', '.join(known)}"
+        fix = (f"did you mean '{close[0]}'? " if close else "") + f"known experiments: {', '.join(known)}"
         raise PreflightError("config.experiment", [Violation("experiment", f"{selector!r} names no file {path}", fix)])
     return path
 

@@ -162,6 +162,9 @@ def test_every_command_people_run_refuses_bad_input_with_exit_2_and_no_traceback
         assert code == 2, (argv, err)
         problems = [line for line in err.splitlines() if line.startswith("  - ") or "error:" in line]
         assert len(problems) >= 1 and "Traceback" not in err, (argv, err)
+        if argv == BAD_INPUT["check"]:  # a mistyped experiment: the closest name, and every one that exists
+            known = ", ".join(sorted(p.stem for p in (REPO / "config" / "experiments").glob("*.yaml")))
+            assert f"did you mean 'tiny-addition'? known experiments: {known}" in err
 
 
 def test_a_storage_root_is_judged_without_being_made(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
