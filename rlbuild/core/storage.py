@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,7 @@ def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(function)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
         try:
             return function(*args, **kwargs)
         except (FileNotFoundError, FileExistsError):
@@ -72,15 +74,29 @@ def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
             if uri is None or not _is_fault(error):
                 raise
             endpoint = _s3_settings()["endpoint_url"] or "AWS S3"
-            timeouts = _s3_timeouts()
             raise StorageUnavailableError(
-                f"storage at {endpoint} did not answer {function.__name__}({uri}) within "
-                f"{timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
-                f"{timeouts['retries']['total_max_attempts']} attempts ({type(error).__name__}: {str(error)[:200]}). "
+                f"storage at {endpoint} {_what_happened(time.monotonic() - started)}: {function.__name__}({uri}) "
+                f"({type(error).__name__}: {str(error)[:200]}). "
                 "Check the endpoint and the network; completed artifacts are safe, and a rerun resumes."
             ) from None
 
     return call
+
+
+def _what_happened(waited_s: float) -> str:
+    """A refusal within the first connect timeout came at once (nothing listens, a name that does not resolve):
+    the bounded wait was not what stopped it, and saying so would send a person to look for a slow network."""
+    timeouts = _s3_timeouts()
+    if waited_s < timeouts["connect_timeout"]:
+        attempts = timeouts["retries"]["total_max_attempts"]
+        return (
+            f"refused each of {attempts} attempt(s) at once ({waited_s:.1f} s in all, the pauses between them "
+            "included; no timeout was reached: is anything listening there?)"
+        )
+    return (
+        f"did not answer within {timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
+        f"{timeouts['retries']['total_max_attempts']} attempts"
+    )
 
 
 def _is_fault(error: BaseException) -> bool:
