@@ -86,7 +86,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
     and the Slurm partition where Slurm answers (sinfo)."""
     from rlbuild.plan.versioning import check_all
-    from rlbuild.workflow import experiment_file, profile_shares_venv, workflow_config
+    from rlbuild.workflow import experiment_file, profile_executor, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
@@ -94,9 +94,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     plans: dict[str, Plan] = {}
     costs: dict[str, Cost] = {}
     experiment: Experiment | None = None
+    executor = "local"  # no plan is printed when the profile is refused
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
-        shares_venv = profile_shares_venv(REPO, args.profile) if args.profile else True
+        executor, shares_venv = profile_executor(REPO, args.profile)
         experiment = load_experiment(path)
         plans, errors, costs = check_all(
             experiment, versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
@@ -107,12 +108,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(redact_text(str(PreflightError(str(args.experiment or config.experiment), errors))), file=sys.stderr)
     if args.json:
         found = {"ok": not errors, "errors": [v.as_dict() for v in errors]}
-        dicts = {v: plan_dict(p, cost=costs.get(v)) for v, p in plans.items()}
+        dicts = {v: plan_dict(p, cost=costs.get(v), executor=executor) for v, p in plans.items()}
         print(json.dumps(found | {"plans": dicts}, indent=2))
     else:
         from rlbuild.plan.series import plan_lines
 
-        texts = [format_plan(p, cost=costs.get(v)) for v, p in plans.items()]
+        texts = [format_plan(p, cost=costs.get(v), executor=executor) for v, p in plans.items()]
         if experiment is not None:  # a series: what each arm changes, which stages it shares
             texts = ["\n".join([text, *plan_lines(experiment, v)]) for text, v in zip(texts, plans, strict=True)]
         print("\n\n".join(texts))

@@ -182,3 +182,42 @@ def test_a_storage_root_is_judged_without_being_made(tmp_path: Path, capsys: pyt
 
     with pytest.raises(PreflightError, match="'s3://bucket/p' is a URL"):  # joined to the repository: a folder `s3:`
         workflow_config({"experiment": "tiny-addition", "versions": ["dev"], "storage_root": "s3://bucket/p"})
+
+
+def test_a_local_plan_prints_only_what_is_true_of_a_local_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """tiny-addition declares execution.slurm: its lines belong to `--profile slurm`, Iris's placement to iris."""
+    from rlbuild.cli import main
+
+    plans = {}
+    for profile in ([], ["--profile", "slurm"], ["--profile", "iris"]):
+        assert main(["check", *profile]) == 0
+        plans[" ".join(profile)] = capsys.readouterr().out
+    local = plans[""]
+    assert "  allocation     1 node x 1 CPU rank; per node cpu" in local  # gpu_variant: cpu holds no GPUs
+    for foreign in ("  slurm ", "  chain ", "  shared disk ", "  placement "):
+        assert foreign not in local
+    assert "  slurm " in plans["--profile slurm"] and "  chain " in plans["--profile slurm"]
+    assert "  placement " in plans["--profile iris"] and "  slurm " not in plans["--profile iris"]
+    # The dry run (tests/test_readme.py: `snakemake -n`) names the same terminal stage: one function decides it.
+    assert all(text.rstrip().endswith("  terminal stage eval") for text in plans.values())
+
+
+def test_the_terminal_stage_is_what_the_targets_ask_of_the_version() -> None:
+    from rlbuild.contracts.artifacts import terminal_stage
+
+    assert terminal_stage([], "2026.09.21") == terminal_stage(["all"], "2026.09.21") == "eval"
+    assert terminal_stage(["export/v2026.09.21", "train/v2026.09.21/terminal.json"], "2026.09.21") == "export"
+
+
+def test_an_s3_endpoint_that_refuses_at_once_is_not_reported_as_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": "http://127.0.0.1:9",  # the discard port: nothing listens
+        "SNAKEMAKE_STORAGE_S3_ACCESS_KEY": "k",
+        "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "s",
+        "RLBUILD_S3_ATTEMPTS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(storage.StorageUnavailableError) as refused:
+        storage.exists("s3://bucket/p/a.json")
+    assert "refused each of 1 attempt(s) at once" in str(refused.value)
+    assert "did not answer within" not in str(refused.value)
