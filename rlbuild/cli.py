@@ -49,26 +49,8 @@ def _package_version() -> str:
 
 
 def _storage_root(root: str) -> str:
-    """A local folder (made absolute) or `s3://<bucket>[/<prefix>]`; anything else (an unset variable's empty
-    bucket, a placeholder, another scheme) is bad input, not an empty experiment."""
-    if "://" not in root:
-        return str(Path(root).resolve())
-    scheme, _, rest = root.partition("://")
-    bucket = rest.split("/", 1)[0]
-    if scheme == "s3" and storage.bucket_problem(bucket) is None:
-        return root
-    why = f"scheme {scheme!r} is not s3" if scheme != "s3" else storage.bucket_problem(bucket)
-    raise PreflightError(
-        "--storage-root",
-        [
-            Violation(
-                "storage_root",
-                f"{root!r} is not a storage location ({why}; an unset $RLBUILD_BUCKET leaves it empty)",
-                "give s3://<bucket>/<prefix> with a real bucket (export RLBUILD_BUCKET and RLBUILD_PREFIX), or a "
-                "local folder",
-            )
-        ],
-    )
+    """The checked storage root (rlbuild/core/storage.py): a bad one is bad input, not an empty experiment."""
+    return storage.storage_root(root, "--storage-root")
 
 
 def _plan(args: argparse.Namespace) -> Plan:
@@ -104,7 +86,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
     and the Slurm partition where Slurm answers (sinfo)."""
     from rlbuild.plan.versioning import check_all
-    from rlbuild.workflow import experiment_file, profile_shares_venv, workflow_config
+    from rlbuild.workflow import experiment_file, profile_executor, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
@@ -112,9 +94,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     plans: dict[str, Plan] = {}
     costs: dict[str, Cost] = {}
     experiment: Experiment | None = None
+    executor = "local"  # no plan is printed when the profile is refused
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
-        shares_venv = profile_shares_venv(REPO, args.profile) if args.profile else True
+        executor, shares_venv = profile_executor(REPO, args.profile)
         experiment = load_experiment(path)
         plans, errors, costs = check_all(
             experiment, versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
@@ -125,12 +108,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(redact_text(str(PreflightError(str(args.experiment or config.experiment), errors))), file=sys.stderr)
     if args.json:
         found = {"ok": not errors, "errors": [v.as_dict() for v in errors]}
-        dicts = {v: plan_dict(p, cost=costs.get(v)) for v, p in plans.items()}
+        dicts = {v: plan_dict(p, cost=costs.get(v), executor=executor) for v, p in plans.items()}
         print(json.dumps(found | {"plans": dicts}, indent=2))
     else:
         from rlbuild.plan.series import plan_lines
 
-        texts = [format_plan(p, cost=costs.get(v)) for v, p in plans.items()]
+        texts = [format_plan(p, cost=costs.get(v), executor=executor) for v, p in plans.items()]
         if experiment is not None:  # a series: what each arm changes, which stages it shares
             texts = ["\n".join([text, *plan_lines(experiment, v)]) for text, v in zip(texts, plans, strict=True)]
         print("\n\n".join(texts))
@@ -149,14 +132,24 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every artifact's state from storage (and the scheduler, for a running job); `--watch N` refreshes."""
     import time
 
-    from rlbuild.ops.status import Options, gather, iris_url_from_environment, target_selection
+    from rlbuild.ops.status import (
+        Options,
+        StatusTargetError,
+        gather,
+        iris_url_from_environment,
+        target_selection,
+    )
     from rlbuild.ops.statusview import format_status
     from rlbuild.workflow import experiment_file, workflow_config
 
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
     experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
-    versions, kinds = target_selection(args.targets) if args.targets else (config.versions, None)
+    try:
+        versions, kinds = target_selection(args.targets) if args.targets else (config.versions, None)
+    except StatusTargetError as error:  # a mistyped target is bad input (exit 2), as everywhere else
+        fix = f"give KIND/vVERSION, e.g. {artifact('export').version_folder('2026.09.21')}"
+        raise PreflightError("rlbuild status", [Violation("targets", str(error).split(";")[0], fix)]) from None
     if args.version:
         versions = [args.version]
     options = Options(stall_after_s=args.stall_after, iris_url=args.iris_controller_url or iris_url_from_environment())
@@ -423,6 +416,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
         root = storage.join(_storage_root(args.storage_root or str(REPO / config.storage_root)), experiment.name)
         version = args.version or config.versions[0]
+        _compared_series(experiment, version)
         keys = series_keys(experiment, version)
         pairs = [
             (storage.join(root, artifact("launch").path(k)), storage.join(root, artifact("eval").path(k))) for k in keys
@@ -439,6 +433,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{arm:<16} accuracy {found['scores'].get('accuracy')}  GPU-h {found['gpu_hours']}  {found['key']}")
     print(f"rlbuild: series report in {out}/")
     return 0
+
+
+def _compared_series(experiment: Experiment, version: str) -> None:
+    """A comparison needs a series (an experiment with arms) and a version it could have built: else bad input."""
+    from rlbuild.plan.spec import check_version
+
+    problems = check_version(version)
+    if not experiment.arms:
+        problems.append(
+            Violation(
+                "experiment",
+                f"{experiment.name} is not a series (it has no arms:), so there is nothing to compare",
+                "name a series: an experiment with arms: in config/experiments/ (rlbuild compare <series>)",
+            )
+        )
+    if problems:
+        raise PreflightError("rlbuild compare", problems)
 
 
 PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel, cmd_compare}

@@ -34,6 +34,7 @@ from rlbuild.contracts.artifacts import (
     is_mutable,
     key_of_target,
     kind_of_target,
+    terminal_stage,
     version_of,
 )
 from rlbuild.contracts.recipe import HARBOR_EXTRA
@@ -110,6 +111,14 @@ def workflow_config(config: dict[str, Any], source: str = "--config / config/con
         for i, version in enumerate(parsed.versions)
         for v in check_version(version)
     ]
+    if "://" in parsed.storage_root:  # joined to the repository it would become a local folder named `s3:`
+        problems.append(
+            Violation(
+                "config.storage_root",
+                f"{parsed.storage_root!r} is a URL; this key is the local folder (relative to the repository)",
+                "for S3 run `snakemake --profile iris` with RLBUILD_BUCKET and RLBUILD_PREFIX exported",
+            )
+        )
     if problems:
         raise PreflightError(source, problems)
     return parsed
@@ -141,7 +150,7 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
     """
     settings = workflow.storage_settings
     if not settings.default_storage_provider:
-        return str(local_root.resolve())
+        return storage.storage_root(str(local_root), "config.storage_root")
     _export_s3_settings(workflow)
     prefix = (settings.default_storage_prefix or "").rstrip("/")
     unset = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", prefix))
@@ -354,7 +363,7 @@ def experiment_file(repo: Path, selector: str) -> Path:
     if not path.is_file():
         known = sorted(p.stem for p in folder.glob("*.yaml"))
         close = difflib.get_close_matches(selector, known, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else f"known experiments: {', '.join(known)}"
+        fix = (f"did you mean '{close[0]}'? " if close else "") + f"known experiments: {', '.join(known)}"
         raise PreflightError("config.experiment", [Violation("experiment", f"{selector!r} names no file {path}", fix)])
     return path
 
@@ -398,10 +407,13 @@ def hand_experiment_to_bundles(workflow: Any, repo: Path, path: Path) -> None:
     settings.config_args = [*kept, *dict_to_key_value_args({"experiment": relative}, repr_obj=True)]
 
 
-def profile_shares_venv(repo: Path, profile: str) -> bool:
-    """Whether the jobs of `snakemake --profile <profile>` run this checkout's .venv, decided as Snakemake decides
-    it: an executor plugin that implies no shared file system shares nothing, else the profile's `shared-fs-usage`
-    names `software-deployment` (Snakemake's default shares everything)."""
+def profile_executor(repo: Path, profile: str | None) -> tuple[str, bool]:
+    """(executor, shares_venv) of `snakemake --profile <profile>` (None: the local executor, this .venv). The jobs
+    run this checkout's .venv as Snakemake decides it: an executor plugin that implies no shared file system
+    shares nothing, else the profile's `shared-fs-usage` names `software-deployment` (Snakemake's default shares
+    everything)."""
+    if profile is None:
+        return "local", True
     path = Path(profile) / "profile.yaml" if "/" in profile else repo / "profiles" / profile / "profile.yaml"
     if not path.is_file():
         known = sorted(p.parent.name for p in (repo / "profiles").glob("*/profile.yaml"))
@@ -413,9 +425,9 @@ def profile_shares_venv(repo: Path, profile: str) -> bool:
         from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
 
         if ExecutorPluginRegistry().get_plugin(executor).common_settings.implies_no_shared_fs:
-            return False
+            return executor, False
     usage = settings.get("shared-fs-usage")
-    return usage is None or SharedFSUsage.SOFTWARE_DEPLOYMENT.value in [str(u) for u in usage]
+    return executor, usage is None or SharedFSUsage.SOFTWARE_DEPLOYMENT.value in [str(u) for u in usage]
 
 
 @dataclass
@@ -461,11 +473,7 @@ class Graph:
     def terminal_stage(self, version: str) -> str:
         """The last artifact kind this invocation asks for, as the plan reports it."""
         settings = getattr(self.workflow, "dag_settings", None)
-        targets = [str(t) for t in (settings.targets if settings else ())]
-        if not targets or "all" in targets:
-            return ARTIFACTS[-1].kind
-        asked = {kind_of_target(t) for t in targets if f"/v{version}" in t}
-        return next((a.kind for a in reversed(ARTIFACTS) if a.kind in asked), ARTIFACTS[-1].kind)
+        return terminal_stage([str(t) for t in (settings.targets if settings else ())], version)
 
     @property
     def experiment_root(self) -> str:
@@ -496,7 +504,9 @@ class Graph:
             elif self.announce:
                 step_time = measured_step_time(self.experiment, plan)
                 cost = plan_cost(self.experiment, plan, self.inventory)
-                print(format_plan(plan, self.terminal_stage(version), step_time, cost), file=sys.stderr)
+                # A cluster executor's name is not known while the DAG is built (a dry run's is `dryrun`).
+                executor = None if self.on_cluster else "local"
+                print(format_plan(plan, self.terminal_stage(version), step_time, cost, executor), file=sys.stderr)
                 for line in series.plan_lines(self.experiment, version):
                     print(line, file=sys.stderr)
                 for line in rebuild_reasons(plan, StoredRecords(plan, self.inventory).read):

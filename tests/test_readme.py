@@ -22,7 +22,7 @@ RUN_HERE = {
     "snakemake -n export/v2026.09.21": "rlbuild plan: tiny-addition @ 2026.09.21 (immutable)",
     "snakemake -n": "terminal stage eval",
     "snakemake --unlock": "Unlocked working directory",
-    "rlbuild check": "rlbuild plan: tiny-addition @ 2026.09.21 (immutable)",
+    "rlbuild check": "terminal stage eval",  # as `snakemake -n` says
     "rlbuild --version": "rlbuild 0.",
     "rlbuild --help": "{check,status,compare,submit,cancel}",
     "rlbuild check config/experiments/tiny-addition.yaml --version 2026.09.21": "rlbuild plan: tiny-addition",

@@ -116,6 +116,15 @@ def kind_of_target(target: str) -> str | None:
     return None
 
 
+def terminal_stage(targets: list[str], version: str) -> str:
+    """The last artifact kind an invocation asks of `version`, as its plan reports it: the default target (no
+    targets, or `all`) builds every kind. One function for the dry run and `rlbuild check`, so both say the same."""
+    if not targets or "all" in targets:
+        return ARTIFACTS[-1].kind
+    asked = {kind_of_target(t) for t in targets if f"/v{version}" in t}
+    return next((a.kind for a in reversed(ARTIFACTS) if a.kind in asked), ARTIFACTS[-1].kind)
+
+
 def key_of_target(target: str) -> str | None:
     """The version key an artifact target names (`export/v2026.09.21`, `train/v2026.09.21@kl-low/terminal.json`,
     `launch/v2026.09.21.identity.json` -> `2026.09.21...`), or None for any other target."""

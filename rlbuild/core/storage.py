@@ -16,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +64,7 @@ def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(function)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
         try:
             return function(*args, **kwargs)
         except (FileNotFoundError, FileExistsError):
@@ -71,15 +74,29 @@ def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
             if uri is None or not _is_fault(error):
                 raise
             endpoint = _s3_settings()["endpoint_url"] or "AWS S3"
-            timeouts = _s3_timeouts()
             raise StorageUnavailableError(
-                f"storage at {endpoint} did not answer {function.__name__}({uri}) within "
-                f"{timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
-                f"{timeouts['retries']['total_max_attempts']} attempts ({type(error).__name__}: {str(error)[:200]}). "
+                f"storage at {endpoint} {_what_happened(time.monotonic() - started)}: {function.__name__}({uri}) "
+                f"({type(error).__name__}: {str(error)[:200]}). "
                 "Check the endpoint and the network; completed artifacts are safe, and a rerun resumes."
             ) from None
 
     return call
+
+
+def _what_happened(waited_s: float) -> str:
+    """A refusal within the first connect timeout came at once (nothing listens, a name that does not resolve):
+    the bounded wait was not what stopped it, and saying so would send a person to look for a slow network."""
+    timeouts = _s3_timeouts()
+    if waited_s < timeouts["connect_timeout"]:
+        attempts = timeouts["retries"]["total_max_attempts"]
+        return (
+            f"refused each of {attempts} attempt(s) at once ({waited_s:.1f} s in all, the pauses between them "
+            "included; no timeout was reached: is anything listening there?)"
+        )
+    return (
+        f"did not answer within {timeouts['connect_timeout']:.0f} s + {timeouts['read_timeout']:.0f} s x "
+        f"{timeouts['retries']['total_max_attempts']} attempts"
+    )
 
 
 def _is_fault(error: BaseException) -> bool:
@@ -205,6 +222,38 @@ def bucket_problem(bucket: str) -> str | None:
     if BUCKET_NAME.match(bucket) and ".." not in bucket:
         return None
     return f"{bucket!r} is not a bucket name" + (" (an unset variable leaves it empty)" if not bucket else "")
+
+
+def storage_root(root: str, field: str) -> str:
+    """`root` checked once, from whichever entry point names it (`--storage-root`, `--config storage_root=`, the
+    default): a local folder (returned absolute) that exists or can be made, and is writable, or
+    `s3://<bucket>[/<prefix>]`. Nothing is created: a dry run or a check leaves the disk as it found it."""
+    problem, fix = _root_problem(root)
+    if problem is None:
+        return root if "://" in root else str(Path(root).resolve())
+    raise PreflightError(field, [Violation("storage_root", f"{root!r} {problem}", fix)])
+
+
+def _root_problem(root: str) -> tuple[str | None, str]:
+    """(why `root` cannot hold artifacts, or None; the fix)."""
+    local_fix = "give a writable folder, or a new one whose nearest existing parent is a writable folder"
+    if "://" in root:
+        scheme, _, rest = root.partition("://")
+        why = f"scheme {scheme!r} is not s3" if scheme != "s3" else bucket_problem(rest.split("/", 1)[0])
+        fix = "give s3://<bucket>/<prefix> with a real bucket (export RLBUILD_BUCKET and RLBUILD_PREFIX), or a folder"
+        return (None if why is None else f"is not a storage location ({why})"), fix
+    path = Path(root).resolve()
+    if path.exists() and not path.is_dir():
+        return "is a file, not a folder", local_fix
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        return f"cannot be created: {existing} is a file, not a folder", local_fix
+    try:  # access(2) says yes to root everywhere; a read-only mount or /proc says no only to a real write
+        Path(tempfile.mkdtemp(prefix=".rlbuild-probe-", dir=existing)).rmdir()
+    except OSError as error:
+        verb = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
+        return f"{verb} ({error.strerror})", local_fix
+    return None, local_fix
 
 
 def endpoint_problem(url: str) -> str | None:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlbuild.contracts.artifacts import ARTIFACTS, is_mutable
+from rlbuild.contracts.artifacts import ARTIFACTS, is_mutable, terminal_stage
 from rlbuild.contracts.layout import pack
 from rlbuild.contracts.metricstream import Rate
 from rlbuild.contracts.runtime import REPO_ROOT
@@ -89,9 +89,21 @@ def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] |
     }
 
 
+# The executors whose own lines a plan prints (None: a cluster executor not known yet, as in a cluster dry run or
+# the plan file a rule writes: every scheduler's lines).
+SLURM_LINES = (None, "slurm")
+IRIS_LINES = (None, "iris")
+
+
 def plan_dict(
-    plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None, cost: Cost | None = None
+    plan: Plan,
+    terminal: str | None = None,
+    measured_step_time: float | None = None,
+    cost: Cost | None = None,
+    executor: str | None = None,
 ) -> dict[str, Any]:
+    """The plan as data; `executor` ("local", "slurm", "iris"; None when not known) drops another scheduler's
+    placement, and `terminal` defaults to what the default target builds."""
     e, g, launch = plan.experiment, plan.geometry, plan.launch
     rp = e.role_plan
     return redact(
@@ -111,28 +123,15 @@ def plan_dict(
                 "priority": launch.iris.priority,
                 "max_retries": launch.iris.max_retries,
             },
-            "slurm": slurm_dict(plan, measured_step_time),
+            "executor": executor,
+            "slurm": slurm_dict(plan, measured_step_time) if executor in SLURM_LINES else None,
             "cost": None if cost is None else cost.as_dict(),
             "sandbox": sandbox_dict(plan),
             "env": {
                 "placement": {k: v for k, v in launch.env.items() if k not in numeric_env(launch.env)},
                 "numerics": numeric_env(launch.env),
             },
-            "geometry": {
-                "colocate_all": rp.colocate_all,
-                "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
-                "reference": "shares policy GPUs"
-                if rp.colocate_all or rp.ref_num_nodes == 0
-                else f"{rp.ref_num_nodes} nodes",
-                "engines": rp.num_inference_engines,
-                "tp": rp.inference_engine_tensor_parallel_size,
-                "pp": rp.inference_engine_pipeline_parallel_size,
-                "dp": rp.inference_engine_data_parallel_size,
-                "ep": rp.inference_engine_expert_parallel_size,
-                # A resolved plan passed preflight, so its engines pack (rlbuild/contracts/layout.py).
-                "layout": pack(shape_of_plan(e.topology, rp)).summary(),
-                **g.as_dict(),
-            },
+            "geometry": geometry_dict(plan),
             "batches": {
                 "train_batch_size": rp.train_batch_size,
                 "policy_mini_batch_size": rp.policy_mini_batch_size,
@@ -143,9 +142,28 @@ def plan_dict(
             "artifacts": {k: r["identity"] for k, r in plan.records.items()},
             "outputs": artifact_uris(plan),
             "temporary_root": plan.uri(plan.temporary.root),
-            "terminal_stage": terminal_stage,
+            "terminal_stage": terminal or terminal_stage([], plan.version),
         }
     )
+
+
+def geometry_dict(plan: Plan) -> dict[str, Any]:
+    """The roles' GPUs, engines and their layout, with the geometry's derived counts."""
+    e, g = plan.experiment, plan.geometry
+    rp = e.role_plan
+    return {
+        "colocate_all": rp.colocate_all,
+        "policy": f"{rp.policy_num_nodes}x{rp.policy_num_gpus_per_node}",
+        "reference": "shares policy GPUs" if rp.colocate_all or rp.ref_num_nodes == 0 else f"{rp.ref_num_nodes} nodes",
+        "engines": rp.num_inference_engines,
+        "tp": rp.inference_engine_tensor_parallel_size,
+        "pp": rp.inference_engine_pipeline_parallel_size,
+        "dp": rp.inference_engine_data_parallel_size,
+        "ep": rp.inference_engine_expert_parallel_size,
+        # A resolved plan passed preflight, so its engines pack (rlbuild/contracts/layout.py).
+        "layout": pack(shape_of_plan(e.topology, rp)).summary(),
+        **g.as_dict(),
+    }
 
 
 def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
@@ -255,10 +273,36 @@ def format_env(env: dict[str, dict[str, str]]) -> list[str]:
     return [f"  job env        {placement or '-'} (placement); {numerics or '-'} (numerics: in the launch identity)"]
 
 
+def format_allocation(alloc: dict[str, Any]) -> str:
+    """What the nodes hold, in the words of what they run: CPU ranks for `gpu_variant: cpu`, else GPUs."""
+    nodes = _count(alloc["num_nodes"], "node")
+    if alloc["gpu_variant"] == "cpu":
+        held = f"{nodes} x {_count(alloc['gpus_per_node'], 'CPU rank')}"
+    else:
+        held = f"{nodes} x {alloc['gpus_per_node']} {alloc['gpu_variant']} = {_count(alloc['total_gpus'], 'GPU')}"
+    return f"{held}; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}"
+
+
+def format_placement(place: dict[str, Any], executor: str | None) -> list[str]:
+    """Iris's placement: printed where Iris (or a cluster executor not known yet) runs the jobs."""
+    if executor not in IRIS_LINES:
+        return []
+    where = f"cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}"
+    return [f"  placement      {where}"]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def format_plan(
-    plan: Plan, terminal_stage: str = "export", measured_step_time: float | None = None, cost: Cost | None = None
+    plan: Plan,
+    terminal: str | None = None,
+    measured_step_time: float | None = None,
+    cost: Cost | None = None,
+    executor: str | None = None,
 ) -> str:
-    d = plan_dict(plan, terminal_stage, measured_step_time, cost)
+    d = plan_dict(plan, terminal, measured_step_time, cost, executor)
     geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
     mode = "mutable: rebuilds when inputs change" if d["mutable"] else "immutable"
     roles = (
@@ -274,9 +318,8 @@ def format_plan(
         f"  nodes run      {d['nodes']['description']}",
         f"  rollout        {format_rollout(d['rollout'], d['nodes'])}",
         f"  model          {format_model_config(d['model_config'])}",
-        f"  allocation     {alloc['num_nodes']} node(s) x {alloc['gpus_per_node']} {alloc['gpu_variant']} = "
-        f"{alloc['total_gpus']} GPUs; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}",
-        f"  placement      cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}",
+        f"  allocation     {format_allocation(alloc)}",
+        *format_placement(place, executor),
         *format_slurm(d["slurm"], bat["max_steps"]),
         f"  export, eval   {d['jobs']['export']['cpu']} CPUs, {d['jobs']['export']['memory']}; "
         f"{d['jobs']['eval']['cpu']} CPUs, {d['jobs']['eval']['memory']}",

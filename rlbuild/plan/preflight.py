@@ -152,16 +152,20 @@ def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) ->
         if recipe.generator.backend == "auto"
         else "generator.backend is 'vllm'"
     )
-    where, fix = {
+    # Which runtime is judged depends on where the jobs run: each refusal names the other place's check.
+    where, fix, elsewhere = {
         "venv": (
             "the nodes run this checkout and its .venv",
             f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes)",
+            "this judged the local executor's .venv: where the jobs run on a cluster, `rlbuild check --profile "
+            "iris|slurm` judges the nodes' runtime",
         ),
         "lock": (
             f"the nodes set up from uv.lock{' with extras ' + ', '.join(nodes.extras) if nodes.extras else ''}, "
             "which installs none "
             "on Linux x86_64" + ("" if on_gpus(experiment) else " (a CPU topology installs no GPU extra)"),
             "use a GPU topology (its nodes get the gpu extra), or pin runtime.image to an image with vLLM",
+            "this judged the profile's nodes: `rlbuild check` without --profile judges this machine's .venv",
         ),
     }[nodes.origin]
     return [
@@ -169,7 +173,7 @@ def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) ->
             "recipe.generator.backend",
             f"{why} (topology.gpu_variant {experiment.topology.gpu_variant}), and the runtime the job will use has "
             f"no vllm: {where}",
-            f"{fix}, or set generator.backend: torch",
+            f"{fix}, or set generator.backend: torch ({elsewhere})",
         )
     ]
 

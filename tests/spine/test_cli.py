@@ -133,3 +133,91 @@ def test_the_readme_s_placeholders_are_refused_in_one_line_each(tmp_path: Path) 
     assert dry.returncode != 0
     assert "the default storage prefix 's3://.../p' cannot be used: '...' is not a bucket name" in dry.stderr
     assert "Traceback" not in dry.stderr
+
+
+# What a person mistypes at each command `rlbuild --help` lists: each is bad input (exit 2, README), in one line.
+BAD_INPUT = {
+    "check": ["check", "tiny-additon"],
+    "compare": ["compare", "tiny-addition"],  # not a series
+    "status": ["status", "export/2026.09.21"],  # no `v`
+    "submit": ["submit"],  # no controller, no storage root
+    "cancel": ["cancel", "--storage-root", "s3://"],
+}
+
+
+def test_every_command_people_run_refuses_bad_input_with_exit_2_and_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlbuild.cli import PEOPLE_VERBS, main
+
+    assert set(BAD_INPUT) == set(PEOPLE_VERBS.strip("{}").split(","))  # a new command needs its case here
+    for name in ("SNAKEMAKE_IRIS_CONTROLLER_URL", "RLBUILD_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    for argv in [*BAD_INPUT.values(), ["status", "--watch", "soon"], ["check", "--storage-root", "README.md"]]:
+        try:
+            code = main(argv)
+        except SystemExit as stop:  # argparse's own refusal of an option's value
+            code = stop.code
+        err = capsys.readouterr().err
+        assert code == 2, (argv, err)
+        problems = [line for line in err.splitlines() if line.startswith("  - ") or "error:" in line]
+        assert len(problems) >= 1 and "Traceback" not in err, (argv, err)
+        if argv == BAD_INPUT["check"]:  # a mistyped experiment: the closest name, and every one that exists
+            known = ", ".join(sorted(p.stem for p in (REPO / "config" / "experiments").glob("*.yaml")))
+            assert f"did you mean 'tiny-addition'? known experiments: {known}" in err
+
+
+def test_a_storage_root_is_judged_without_being_made(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlbuild.cli import main
+
+    new = tmp_path / "not" / "yet"
+    assert main(["check", "--storage-root", str(new)]) == 0 and not (tmp_path / "not").exists()
+    assert main(["check", "--storage-root", "/proc/nope"]) == 2
+    assert "'/proc/nope' cannot be created: /proc is not writable" in capsys.readouterr().err
+    dry = run_snakemake(["-n", "--config", "storage_root=/proc/nope"], cwd=tmp_path)
+    assert dry.returncode == 2 and "Traceback" not in dry.stderr, dry.stderr[-2000:]
+    assert "config.storage_root" in dry.stderr and "'/proc/nope' cannot be created" in dry.stderr
+    from rlbuild.core.errors import PreflightError
+    from rlbuild.workflow import workflow_config
+
+    with pytest.raises(PreflightError, match="'s3://bucket/p' is a URL"):  # joined to the repository: a folder `s3:`
+        workflow_config({"experiment": "tiny-addition", "versions": ["dev"], "storage_root": "s3://bucket/p"})
+
+
+def test_a_local_plan_prints_only_what_is_true_of_a_local_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """tiny-addition declares execution.slurm: its lines belong to `--profile slurm`, Iris's placement to iris."""
+    from rlbuild.cli import main
+
+    plans = {}
+    for profile in ([], ["--profile", "slurm"], ["--profile", "iris"]):
+        assert main(["check", *profile]) == 0
+        plans[" ".join(profile)] = capsys.readouterr().out
+    local = plans[""]
+    assert "  allocation     1 node x 1 CPU rank; per node cpu" in local  # gpu_variant: cpu holds no GPUs
+    for foreign in ("  slurm ", "  chain ", "  shared disk ", "  placement "):
+        assert foreign not in local
+    assert "  slurm " in plans["--profile slurm"] and "  chain " in plans["--profile slurm"]
+    assert "  placement " in plans["--profile iris"] and "  slurm " not in plans["--profile iris"]
+    # The dry run (tests/test_readme.py: `snakemake -n`) names the same terminal stage: one function decides it.
+    assert all(text.rstrip().endswith("  terminal stage eval") for text in plans.values())
+
+
+def test_the_terminal_stage_is_what_the_targets_ask_of_the_version() -> None:
+    from rlbuild.contracts.artifacts import terminal_stage
+
+    assert terminal_stage([], "2026.09.21") == terminal_stage(["all"], "2026.09.21") == "eval"
+    assert terminal_stage(["export/v2026.09.21", "train/v2026.09.21/terminal.json"], "2026.09.21") == "export"
+
+
+def test_an_s3_endpoint_that_refuses_at_once_is_not_reported_as_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "SNAKEMAKE_STORAGE_S3_ENDPOINT_URL": "http://127.0.0.1:9",  # the discard port: nothing listens
+        "SNAKEMAKE_STORAGE_S3_ACCESS_KEY": "k",
+        "SNAKEMAKE_STORAGE_S3_SECRET_KEY": "s",
+        "RLBUILD_S3_ATTEMPTS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(storage.StorageUnavailableError) as refused:
+        storage.exists("s3://bucket/p/a.json")
+    assert "refused each of 1 attempt(s) at once" in str(refused.value)
+    assert "did not answer within" not in str(refused.value)

@@ -43,7 +43,9 @@ def test_vllm_on_gpus_without_vllm_in_a_shared_venv_is_refused_with_the_install_
     assert problem.startswith("recipe.generator.backend: generator.backend ")
     assert "the runtime the job will use has no vllm: the nodes run this checkout and its .venv" in problem
     assert problem.endswith(
-        "install it with `scripts/setup.sh --extra gpu` (Linux x86_64 GPU nodes), or set generator.backend: torch"
+        "install it with `scripts/setup.sh --extra gpu` (Linux x86_64 GPU nodes), or set generator.backend: torch "
+        "(this judged the local executor's .venv: where the jobs run on a cluster, `rlbuild check --profile "
+        "iris|slurm` judges the nodes' runtime)"
     )
 
 
@@ -144,6 +146,7 @@ def test_rlbuild_check_judges_the_nodes_as_the_profile_runs_them(tmp_path: Path)
     if installed_version("vllm") is None:
         local = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
         assert local.returncode == 2 and "the nodes run this checkout and its .venv" in local.stderr
+        assert "`rlbuild check --profile iris|slurm` judges the nodes' runtime" in local.stderr  # the other place
     unknown = subprocess.run(
         [*argv, "--profile", "irsi"], cwd=REPO, capture_output=True, text=True, env=env, timeout=120
     )

@@ -171,6 +171,7 @@ def test_harbor_is_judged_in_the_runtime_the_nodes_run(monkeypatch: pytest.Monke
     assert "harbor is not importable" in venv.message and "`scripts/setup.sh --extra harbor`" in venv.fix
     (lock,) = check_harbor_runtime(parsed, recipe, NodeRuntime("lock", None, extras=("harbor",)))
     assert "resolve no harbor for Linux x86_64" in lock.message
+    assert "`rlbuild check` without --profile judges this machine's .venv" in lock.fix  # the other place
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(doc))
     graph = Graph(path, announce=False, on_cluster=True, shares_venv=False)
