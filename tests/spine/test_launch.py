@@ -12,7 +12,19 @@ from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
 from tests.spine.experiments import experiment, write
 
-SECTIONS = ["schema_version", "run", "runtime", "iris", "ingress", "ray", "artifacts", "inputs", "recipe", "env", "credentials"]
+SECTIONS = [
+    "schema_version",
+    "run",
+    "runtime",
+    "iris",
+    "ingress",
+    "ray",
+    "artifacts",
+    "inputs",
+    "recipe",
+    "env",
+    "credentials",
+]
 
 
 def resolve_launch(tmp_path: Path, doc: dict, out: str) -> str:
