@@ -22,11 +22,12 @@ iris-local: setup
 # Every test, slow ones included (CI runs this), in three pytest-xdist workers on two cores: much of the suite waits
 # on servers, schedulers, requeues and polls, and a third worker keeps both cores busy through those waits (measured:
 # CPU idle 1% of the run). A module, or the folder of a shared local cluster (tests/iris, tests/slurm), is one unit
-# of work (tests/conftest.py). The log ends with the 40 slowest tests and the time per folder.
+# of work (tests/conftest.py). The log ends with the 40 slowest tests and the time per folder. The agent's base
+# model, which four modules wait on, starts building as the session starts (RLBUILD_TEST_PREBUILD).
 PARALLEL := -n 3 --dist loadscope --no-loadscope-reorder
 
 test: setup
-	python -m pytest $(PARALLEL)
+	RLBUILD_TEST_PREBUILD=tiny-agent-h64-l2:42 python -m pytest $(PARALLEL)
 
 # The inner loop: every test not marked slow (no real graph, cluster or training run), in under 3 minutes; these
 # keep the CPU busy, so one worker a core.

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,15 @@ from typing import Any
 
 import pytest
 
+from rlbuild.dev.launches import base_model_dir
 from rlbuild.dev.s3 import S3Server
 from rlbuild.dev.s3 import s3_server as loopback_s3_server
 from rlbuild.stages.basemodel import CACHE_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "config" / "experiments"
+# Base models to build as the session starts (`<variant>:<seed>,...`), set by `make test`.
+PREBUILD_ENV = "RLBUILD_TEST_PREBUILD"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,11 +35,27 @@ def base_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     folder.mkdir(exist_ok=True)
     previous = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(folder)
+    prebuild = _prebuild(os.environ.get(PREBUILD_ENV, ""))
     yield folder
+    if prebuild is not None:
+        prebuild.join()
     if previous is None:
         os.environ.pop(CACHE_ENV, None)
     else:
         os.environ[CACHE_ENV] = previous
+
+
+def _prebuild(wanted: str) -> threading.Thread | None:
+    """`make test` names the base models several modules wait on (`<variant>:<seed>`): the first worker starts
+    building them at once, in the background, so no worker later sits idle on the build lock while one builds."""
+    if not wanted or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return None
+    models = [(variant, int(seed)) for variant, _, seed in (item.partition(":") for item in wanted.split(","))]
+    thread = threading.Thread(
+        target=lambda: [base_model_dir(seed, variant) for variant, seed in models], name="prebuild", daemon=True
+    )
+    thread.start()
+    return thread
 
 
 @pytest.fixture(scope="session")
