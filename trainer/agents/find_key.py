@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import itertools
 import random
-import string
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trainer.sandbox import PRINTABLE, Sandbox, compact_output
 from trainer.tasks import TaskError, revision_seed, split_rows
-
-if TYPE_CHECKING:  # the runner opens the sandbox; generating rows (make-data) never needs one
-    from trainer.sandbox import Sandbox
 
 PROMPT = "find key:|"
 TURN_STOP = "|"
@@ -45,7 +42,7 @@ ROWS = {"train": 512, "validation": 64}
 OBSERVATION_CHARS = 20
 # What an observation may hold: printable ASCII but the turn stop, so `|` only ever separates turns (the agent
 # tokenizer has a token for each; trainer/tiny.py).
-SHOWN = frozenset(string.printable) - frozenset(string.whitespace) - frozenset(TURN_STOP) | {" "}
+SHOWN = PRINTABLE - frozenset(TURN_STOP)
 DEFAULT_MAX_TURNS = 3
 
 
@@ -74,8 +71,7 @@ def make_files(key: str, decoy: str, key_value: int, decoy_value: int) -> dict[s
 def observation(text: str) -> str:
     """A command's output as the model reads it: whitespace collapsed to single spaces, characters outside SHOWN
     as `?`, cut to OBSERVATION_CHARS, between `>` and the turn stop."""
-    compact = "".join(c if c in SHOWN else "?" for c in " ".join(text.split()))
-    return f"{OBSERVATION_START}{compact[:OBSERVATION_CHARS]}{TURN_STOP}"
+    return f"{OBSERVATION_START}{compact_output(text, TURN_STOP)[:OBSERVATION_CHARS]}{TURN_STOP}"
 
 
 def answer_of(action: str) -> str | None:

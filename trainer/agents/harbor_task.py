@@ -14,7 +14,6 @@ env_config), since it is part of the model's language: a chat model reads the ra
 from __future__ import annotations
 
 import shutil
-import string
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,9 @@ from pydantic import Field
 from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.contracts.rows import write_task
 from rlbuild.core.validation import StrictModel
+from trainer.sandbox import compact_output
 from trainer.sandbox.harbor import HarborSandbox, open_task_sandbox
 from trainer.tasks import TaskError
-
-PRINTABLE = frozenset(string.printable) - frozenset(string.whitespace) | {" "}
 
 
 class ObservationFormat(StrictModel):
@@ -92,6 +90,5 @@ class HarborTask:
 
     def _observation(self, text: str) -> str:
         if self.format.compact:
-            suffix = set(self.format.action_suffix)
-            text = "".join(c if c in PRINTABLE and c not in suffix else "?" for c in " ".join(text.split()))
+            text = compact_output(text, self.format.action_suffix)
         return self.format.template.replace("{output}", text[: self.format.max_chars])

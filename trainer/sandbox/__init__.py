@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import string
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,18 @@ class CommandResult:
     seconds: float
     note: str = ""  # a sentence for the observation when something other than a plain finish happened
     ended: bool = False  # the sandbox is gone: the episode must end
+
+
+# What a compacted observation may hold: printable ASCII, whitespace as single spaces.
+PRINTABLE = frozenset(string.printable) - frozenset(string.whitespace) | {" "}
+
+
+def compact_output(text: str, reserved: str = "") -> str:
+    """A command's output for a small model's context: whitespace collapsed to single spaces, and characters that
+    are not printable or that the episode's format reserves (a turn stop) shown as `?`, so they only ever mean
+    what the format says."""
+    shown = PRINTABLE - frozenset(reserved)
+    return "".join(c if c in shown else "?" for c in " ".join(text.split()))
 
 
 @dataclass
