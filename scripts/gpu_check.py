@@ -209,14 +209,14 @@ def timed(what: str, count: float, unit: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
-def generate(engine: TorchEngine, prompts: list[list[int]], size: Size, seed: int) -> list[Rollout]:
+def generate(engine: TorchEngine, prompts: list[list[int]], size: Size, seed: int, when: str) -> list[Rollout]:
     params = SamplingParams(max_tokens=size.max_tokens, temperature=1.0)
     started = time.perf_counter()
     rollouts = engine.generate(prompts, params, seed)
     tokens = sum(len(r.token_ids) for r in rollouts)
     seconds = time.perf_counter() - started  # generate returns Python lists: the GPU is done
     print(
-        f"[gpu-check] generation (torch engine, KV cache, {len(prompts)} samples): {tokens} tokens in "
+        f"[gpu-check] generation (torch engine, KV cache, {len(prompts)} samples, {when}): {tokens} tokens in "
         f"{seconds:.2f} s = {tokens / seconds:,.0f} tokens/s",
         flush=True,
     )
@@ -252,7 +252,8 @@ def train(worker: PolicyWorker, prompts: list[list[int]], rollouts: list[Rollout
     minis = t.train_batch_size // t.policy_mini_batch_size
     tokens = int(update.tensors["attention_mask"].sum())
     stats = timed(
-        f"training (one GRPO step: reference and old scoring, {minis} AdamW steps of micro-batches of {size.micro})",
+        f"training (one GRPO step: reference and old scoring, {minis} AdamW steps of micro-batches of {size.micro}; "
+        "prompt and completion tokens)",
         tokens,
         "tokens",
         lambda: worker.train_step(update.shards(1)[0], minis, size.micro),
@@ -350,11 +351,11 @@ def check(size: Size, device: torch.device, tmp: Path) -> Problems:
     problems = Problems()
     try:
         prompts = prompts_of(size)
-        rollouts = generate(engine, prompts, size, seed=0)
+        rollouts = generate(engine, prompts, size, 0, "the first, warm-up included")
         problems += train(worker, prompts, rollouts, engine.pad_id, size)
         probe = prompts[0] + rollouts[0].token_ids
         problems += sync(worker, engine, probe, len(prompts[0]))
-        after = generate(engine, prompts, size, seed=1)
+        after = generate(engine, prompts, size, 1, "after the sync")
         problems.within(
             "rollout logprobs with the synced weights (KV cache) vs the policy's recomputation without a cache",
             cache_free_difference(worker.model, build_batch(prompts, after, engine.pad_id), size.forward_micro),

@@ -47,8 +47,9 @@ def test_tiny_runs_the_trainer_path_and_prints_its_figures() -> None:
     out = result.stdout
     assert out.rstrip().endswith("[gpu-check] passed") and "MISMATCH" not in result.stderr
     for line in (
-        "generation (torch engine, KV cache, 16 samples):",
-        "training (one GRPO step: reference and old scoring, 2 AdamW steps",
+        "generation (torch engine, KV cache, 16 samples, the first, warm-up included):",
+        "generation (torch engine, KV cache, 16 samples, after the sync):",
+        "training (one GRPO step: reference and old scoring, 2 AdamW steps of micro-batches of 4; prompt and",
         "weight sync (gloo broadcast of the full weights):",
         "peak host memory (RSS)",
     ):
