@@ -58,6 +58,10 @@ COVERED_ELSEWHERE = {
     "make setup": "CI's `make test` runs it first; every test here runs in the environment it made",
     "python -m trainer run --launch launch.yaml": "tests/trainer/test_run.py runs it on launch documents it writes",
     "make bench": "tests/test_benchmarks.py runs every benchmark on a tiny budget",
+    "python scripts/gpu_check.py": (
+        "needs a GPU: tests/test_gpu_check.py runs all of it with --tiny on CPU, and without --tiny on a machine "
+        "without a GPU (exit 2)"
+    ),
     "snakemake --cores 2 --config experiment=tiny-reversal": (
         "tests/trainer/test_learning.py::test_the_shipped_experiment_learns_its_held_out_prompts[reversal] (its "
         "recipe, seed and split, held-out accuracy >= 0.7)"

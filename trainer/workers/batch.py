@@ -7,12 +7,15 @@ contiguous slice of every mini-batch, so the gradient is the same whatever the m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from rlbuild.contracts.recipe import Recipe
 from trainer.workers import grpo
 from trainer.workers.engines import Rollout
+
+if TYPE_CHECKING:  # the recipe's schema needs pydantic, which a bare GPU node lacks (scripts/gpu_check.py)
+    from rlbuild.contracts.recipe import Recipe
 
 Batch = dict[str, torch.Tensor]
 

@@ -15,17 +15,19 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlbuild.contracts.recipe import GeneratorSection
-from rlbuild.contracts.recipe import SamplingParams as RecipeSampling
 from trainer.errors import TrainerError
 from trainer.workers import weight_sync
 from trainer.workers.grpo import token_logprobs
 from trainer.workers.weight_sync import TensorSpec
+
+if TYPE_CHECKING:  # the recipe's schema needs pydantic, which a bare GPU node lacks (scripts/gpu_check.py)
+    from rlbuild.contracts.recipe import GeneratorSection
+    from rlbuild.contracts.recipe import SamplingParams as RecipeSampling
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,17 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from rlbuild.contracts.recipe import Recipe
 from trainer.workers import grpo, sharding
 from trainer.workers.policy_weights import PolicyWeights
+
+if TYPE_CHECKING:  # the recipe's schema needs pydantic, which a bare GPU node lacks (scripts/gpu_check.py)
+    from rlbuild.contracts.recipe import Recipe
 
 
 def forward_logprobs(
