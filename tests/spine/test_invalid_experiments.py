@@ -808,7 +808,8 @@ def test_hostile_files_are_refused_in_bounded_time_memory_and_words(
         seconds, (_, peak) = time.monotonic() - started, tracemalloc.get_traced_memory()
         tracemalloc.stop()
         out = capsys.readouterr()
-        print(f"{name}: {seconds:.2f} s, {peak / 2**20:.1f} MiB peak, {len(out.err)} characters")
+        with capsys.disabled():  # the figures, for whoever runs it with -s
+            print(f"{name}: {seconds:.2f} s, {peak / 2**20:.1f} MiB peak, {len(out.err)} characters")
         assert code == 2 and seconds < 5 and peak < 200 * 2**20, (name, seconds, peak)
         lines = out.err.strip().splitlines()
         assert len(lines) == 2 and "1 problem(s)" in lines[0] and len(lines[1]) < 400, (name, lines)
