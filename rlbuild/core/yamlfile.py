@@ -259,6 +259,8 @@ def _yaml_problem(exc: yaml.YAMLError, text: str, refuse: Callable[[str, str], P
     """PyYAML's error as one violation, in the reader's words where PyYAML's mislead."""
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    if isinstance(exc, yaml.reader.ReaderError):  # a control character: libyaml gives its offset, not its line
+        where = f" at line {text.count(chr(10), 0, exc.position) + 1}"
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     if isinstance(exc, DuplicateKeyError):
         return refuse(problem, "keep one of them")

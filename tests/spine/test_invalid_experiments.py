@@ -730,6 +730,11 @@ FILE_CASES: list[tuple[str, bytes, list[tuple[str, str]]]] = [
     ("empty", b"\n  \n", [("experiment", "is empty")]),
     ("a-list", b"- name: a\n", [("<root>", "must be a mapping of the experiment's fields")]),
     ("unclosed-bracket", b"name: [a\n", [("experiment", "is not valid YAML at line 2")]),
+    (
+        "control-character",
+        b"name: a\nseed: \x07\n",
+        [("experiment", "is not valid YAML at line 2: unacceptable character #x0007")],
+    ),
     ("tab-indented", b"role_plan:\n\tcolocate_all: true\n", [("experiment", "is not valid YAML at line 2")]),
     (
         "merge-a-scalar",
