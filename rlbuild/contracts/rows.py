@@ -67,6 +67,47 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
             yield check_row(row, f"{path}:{lineno}")
 
 
+# The files a local data source may hold, and how far the plan reads a JSONL file looking for its first row.
+DATA_SUFFIXES = (".jsonl", ".parquet")
+ROW_PROBE_BYTES = 1024 * 1024
+
+
+def data_files(path: Path) -> list[Path]:
+    """The files of a local data source: the file itself, or a folder's .jsonl and .parquet files in name order (a
+    folder is one data set split over files)."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES)
+
+
+def no_rows_problem(path: Path) -> str | None:
+    """Why the local data source at `path` would stage no rows, known without reading it all (None: it has rows,
+    or it cannot be told cheaply and staging reads it): a file of another kind, a folder without data files, or
+    data files that are all empty (a JSONL file read up to its first non-blank byte, at most ROW_PROBE_BYTES; a
+    parquet file's footer)."""
+    files = data_files(path)
+    if path.is_file() and path.suffix not in DATA_SUFFIXES:
+        return f"{path}: data files must be .jsonl or .parquet"
+    if not files:
+        return f"{path} holds no .jsonl or .parquet files"
+    if any(_may_hold_rows(file) for file in files):
+        return None
+    what = "the file is" if path.is_file() else f"its {len(files)} data file(s) are"
+    return f"{path} holds 0 rows ({what} empty or blank lines)"
+
+
+def _may_hold_rows(file: Path) -> bool:
+    try:
+        if file.suffix == ".parquet":
+            import pyarrow.parquet as pq  # only where a parquet file is named: its import takes most of a second
+
+            return bool(pq.read_metadata(file).num_rows)
+        with file.open("rb") as f:
+            return bool(f.read(ROW_PROBE_BYTES).strip()) or bool(f.read(1))
+    except (OSError, ValueError):  # a file that does not read (pyarrow's ArrowInvalid is a ValueError) is staging's
+        return True  # to report, with its reason
+
+
 def dump_rows(rows: Iterable[dict[str, Any]]) -> str:
     """Rows as JSONL text, one sorted-key object a line (byte-identical for the same rows)."""
     return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
+from datetime import date
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rlbuild.core.errors import Violation
+from rlbuild.core.errors import Violation, quote
 
 
 class StrictModel(BaseModel):
@@ -38,13 +39,13 @@ def _describe(error: Any, raw: Any, root: type[BaseModel], prefix: str) -> Viola
         return Violation(field, "is required", "add it; every role-plan and topology field is explicit")
     value = _value_at(raw, error["loc"])
     if kind == "finite_number":
-        return Violation(field, f"must be a finite number (got {_short(value)})", "NaN and infinity mean nothing here")
-    return Violation(field, f"{error['msg']} (got {_short(value)})")
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        return Violation(field, f"must be a finite number (got {quote(value)})", "NaN and infinity mean nothing here")
+    if kind == "string_type" and isinstance(value, bool | int | float | date):
+        # The file said `on`, `2026-09-21` or `12` unquoted: YAML made it another type before anyone looked.
+        read = "true/false" if isinstance(value, bool) else "a date" if isinstance(value, date) else "a number"
+        fix = f"quote it in the file: YAML reads this unquoted value as {read}, not as text"
+        return Violation(field, f"{error['msg']} (got {quote(value)})", fix)
+    return Violation(field, f"{error['msg']} (got {quote(value)})")
 
 
 def _model_at(root: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:

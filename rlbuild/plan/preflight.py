@@ -14,7 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe, recipe_problems
-from rlbuild.contracts.sources import SourceError, parse_source
+from rlbuild.contracts.rows import no_rows_problem
+from rlbuild.contracts.sources import Source, SourceError, parse_source
 from rlbuild.core.errors import PreflightError, Violation
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import is_secret_name
@@ -135,6 +136,20 @@ def check_strategy(recipe: Recipe) -> list[Violation]:
     ]
 
 
+def check_collectives(experiment: Experiment, recipe: Recipe) -> list[Violation]:
+    """NCCL moves GPU tensors between GPUs: on CPU ranks the weight-sync group would fail as the training starts."""
+    if recipe.generator.weight_sync_backend != "nccl" or on_gpus(experiment):
+        return []
+    return [
+        Violation(
+            "recipe.generator.weight_sync_backend",
+            f"'nccl' needs GPUs, and topology.gpu_variant {experiment.topology.gpu_variant} runs the policy and the "
+            "engines on CPU ranks: the weight-sync group would fail as the training starts",
+            "use weight_sync_backend: gloo (the default) on CPU ranks, or a GPU topology",
+        )
+    ]
+
+
 def rollout_backend(experiment: Experiment, recipe: Recipe) -> str:
     """The engine the job's rollouts will use: `auto` is vLLM on GPUs, Hugging Face generate (torch) on CPU ranks."""
     backend = recipe.generator.backend
@@ -188,11 +203,26 @@ def check_sources(experiment: Experiment) -> list[Violation]:
     out: list[Violation] = []
     for field, source, revision in entries:
         try:
-            problems = parse_source(source, revision).check()
+            parsed = parse_source(source, revision)
+            problems = parsed.check()
         except SourceError as exc:
             problems = [str(exc)]
         out += [Violation(f"{field}.source", problem) for problem in problems]
+        if not problems and field.startswith("data."):
+            out += _empty_data(f"{field}.source", parsed)
     return out
+
+
+def _empty_data(field: str, source: Source) -> list[Violation]:
+    """A local data source that would stage no rows, known now rather than at staging. Only `local:` data is read
+    here (cheaply: rlbuild/contracts/rows.py); `hf:` data is not fetched to plan, `task:` rows are the trainer's to
+    generate, and `harbor:` tasks are checked by the environment checks: staging refuses any of them that yields no
+    rows."""
+    problem = no_rows_problem(source.local_path()) if source.scheme == "local" else None
+    if problem is None:
+        return []
+    fix = "point the source at data with rows, or remove the entry"
+    return [Violation(field, f"source {source}: {problem}, which staging would refuse", fix)]
 
 
 def check_credentials(recipe: Recipe) -> list[Violation]:
@@ -278,7 +308,7 @@ def _check_experiment(experiment: Experiment, shares_venv: bool) -> tuple[Recipe
     recipe, recipe_violations = compose_recipe(experiment)
     violations_found += recipe_violations
     if recipe is not None:
-        violations_found += check_strategy(recipe) + check_credentials(recipe)
+        violations_found += check_strategy(recipe) + check_credentials(recipe) + check_collectives(experiment, recipe)
         nodes = node_runtime(experiment, shares_venv=shares_venv)
         violations_found += check_backend(experiment, recipe, nodes) + check_sandbox(experiment, recipe, nodes)
         t, placement = recipe.trainer, experiment.execution.slurm

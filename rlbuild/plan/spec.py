@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from rlbuild.contracts.recipe import SandboxBackend
-from rlbuild.core.errors import Violation
+from rlbuild.core.errors import Violation, quote
 from rlbuild.core.validation import StrictModel
 from rlbuild.core.wire import job_env_problems
 
@@ -325,7 +325,7 @@ class Execution(StrictModel):
         problems = job_env_problems(value)
         for name, item in value.items():
             if isinstance(item, bool) or not isinstance(item, int | str):
-                problems.append(f'{name}: {item!r} is not text; quote it (e.g. {name}: "1")')
+                problems.append(f'{name}: {quote(item)} is not text; quote it (e.g. {name}: "1")')
             elif len(str(item)) > MAX_ENV_VALUE or "\0" in str(item):
                 problems.append(f"{name}: the value is not an environment value (NUL, or over {MAX_ENV_VALUE} chars)")
         if problems:
@@ -435,7 +435,7 @@ def check_version(version: str) -> list[Violation]:
     match = CALENDAR_VERSION.fullmatch(version)
     if not match:
         odd = "" if version.isascii() else " (it holds characters beyond ASCII, such as full-width digits)"
-        return [Violation("version", f"{_short(version)} is not a calendar version{odd}", fix)]
+        return [Violation("version", f"{quote(version, 40)} is not a calendar version{odd}", fix)]
     try:
         date(int(match[1]), int(match[2]), int(match[3]))
     except ValueError as exc:
@@ -445,7 +445,3 @@ def check_version(version: str) -> list[Violation]:
 
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-") or "arm-1"
-
-
-def _short(value: str, limit: int = 40) -> str:
-    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} characters)"

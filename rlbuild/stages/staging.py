@@ -26,7 +26,7 @@ from rlbuild.contracts.manifest import (
     verify_manifest,
     write_manifest,
 )
-from rlbuild.contracts.rows import COLUMNS, check_row, read_rows, task_rows
+from rlbuild.contracts.rows import COLUMNS, check_row, data_files, read_rows, task_rows
 from rlbuild.contracts.sources import FOLDER_SCHEMES, Source, SourceError, StagingError
 from rlbuild.core import storage
 
@@ -311,10 +311,7 @@ def _data_rows(source: Source, artifact_dirs: Mapping[str, Path] | None) -> Iter
     if source.scheme == "harbor":
         return task_rows(_local_path(source))
     path = _resolve(source, artifact_dirs, "dataset")
-    if path.is_file():
-        return _file_rows(path)
-    # A folder is one data set split over files, read in name order.
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in {".jsonl", ".parquet"})
+    files = data_files(path)
     if not files:
         raise StagingError(f"data source {source} ({path}) holds no .jsonl or .parquet files")
     return (row for f in files for row in _file_rows(f))

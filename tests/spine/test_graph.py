@@ -72,9 +72,14 @@ def test_default_target_builds_eval_for_configured_versions(tmp_path: Path) -> N
 
 
 def test_invalid_experiment_stops_the_dry_run_before_any_job(tmp_path: Path) -> None:
+    """Every problem at once, also those a job would only meet minutes later (NCCL on CPU ranks at train start,
+    data without rows at staging)."""
     doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     doc["role_plan"]["inference_engine_data_parallel_size"] = 2
     doc["role_plan"]["policy_mini_batch_size"] = 5
+    doc["recipe"]["generator"] = {"weight_sync_backend": "nccl"}
+    (tmp_path / "empty.jsonl").write_text("")
+    doc["data"]["validation"] = [{"source": f"local:{tmp_path / 'empty.jsonl'}", "revision": "r1"}]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
     storage = tmp_path / "results"
@@ -82,11 +87,25 @@ def test_invalid_experiment_stops_the_dry_run_before_any_job(tmp_path: Path) -> 
         ["-n", f"export/v{VERSION}", "--config", f"experiment={path}", f"storage_root={storage}"], cwd=tmp_path
     )
     assert result.returncode == 2
-    assert "3 problem(s) found before anything ran" in result.stderr
+    assert "5 problem(s) found before anything ran" in result.stderr
     assert "role_plan.num_inference_engines: colocated policy GPUs (1*1=1) != rollout GPUs" in result.stderr
     assert "train_batch_size=32 is not a multiple of policy_mini_batch_size=5" in result.stderr
+    assert "recipe.generator.weight_sync_backend: 'nccl' needs GPUs" in result.stderr
+    assert f"data.validation.0.source: source local:{tmp_path / 'empty.jsonl'}: " in result.stderr
     assert "Job stats" not in result.stdout + result.stderr
     assert not storage.exists()
+
+
+def test_a_file_nested_10000_deep_stops_the_dry_run_in_one_line(tmp_path: Path) -> None:
+    """The Snakefile reads the experiment as `rlbuild check` does (rlbuild/core/yamlfile.py): bounded, one line."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("name: " + "[" * 10_000 + "\n")
+    result = run_snakemake(["-n", "--config", f"experiment={path}", f"storage_root={tmp_path}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert (
+        f"{path}: 1 problem(s) found before anything ran:\n  - experiment: nests deeper than 64 levels" in result.stderr
+    )
+    assert "Traceback" not in result.stderr and len(result.stderr) < 1000
 
 
 def test_bad_version_in_target_is_named(tmp_path: Path) -> None:

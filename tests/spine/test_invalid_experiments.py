@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import tracemalloc
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,8 @@ import pytest
 import yaml
 
 from rlbuild.cli import main
-from rlbuild.core.errors import PreflightError
+from rlbuild.core import yamlfile
+from rlbuild.core.errors import CUT, MAX_FIELD, MAX_TEXT, PreflightError, Violation, quote
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.workflow import workflow_config
 from tests.spine.experiments import DELETE, experiment, write
@@ -20,6 +23,7 @@ from tests.spine.experiments import DELETE, experiment, write
 RP = "role_plan__"
 ASYNC = "recipe__trainer__fully_async__"
 TIS = {"recipe__trainer__algorithm__use_tis": True, "recipe__trainer__algorithm__tis_imp_ratio_cap": 2.0}
+TINY_H64_L9 = {"source": "artifact:base_model", "revision": "tiny-qwen2-h64-l9"}
 SEPARATE_8X8 = {
     "role_plan__colocate_all": True,
     "role_plan__policy_num_nodes": 8,
@@ -631,6 +635,23 @@ CASES: list[tuple[str, dict[str, Any], str, list[tuple[str, str]]]] = [
         [("version", "'\u0662\u0660\u0662\u0666.\u0660\u0669.\u0662\u0661' is not a calendar version")],
     ),
     ("version-trailing-newline", {}, "2026.09.21\n", [("version", "'2026.09.21\\n' is not a calendar version")]),
+    # The label of a built-in model is what is built: one that names no variant would build another under its name.
+    (
+        "base-model-revision-names-no-variant",
+        {"model": {**TINY_H64_L9, "tokenizer": TINY_H64_L9}},
+        "dev",
+        [
+            ("model.revision", "'tiny-qwen2-h64-l9' names no tiny model variant of artifact:base_model"),
+            ("model.tokenizer.revision", "'tiny-qwen2-h64-l9' names no tiny model variant of artifact:base_model"),
+        ],
+    ),
+    # Known at plan time, not minutes later at train start: NCCL carries GPU tensors only.
+    (
+        "nccl-on-cpu-ranks",
+        {"topology__gpu_variant": "cpu", "recipe": {"generator": {"weight_sync_backend": "nccl"}}},
+        "dev",
+        [("recipe.generator.weight_sync_backend", "'nccl' needs GPUs, and topology.gpu_variant cpu runs the policy")],
+    ),
 ]
 
 
@@ -668,13 +689,52 @@ def assert_refused(
     assert not storage.exists(), "a refused experiment must write nothing to storage"
 
 
+def alias_bomb(levels: int = 9) -> bytes:
+    """An `execution.env` value in which each anchor lists the one before ten times: 10**levels values written
+    in a few hundred bytes (it took 1.4 GB and printed a 351 MB error)."""
+    lines = ["name: a", "execution:", "  env:", "    A: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    B{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines).encode() + b"\n"
+
+
+NOT_TEXT = "is read by YAML as"
 # (id, the file's bytes, [(field, message start)]): problems with the file itself.
 FILE_CASES: list[tuple[str, bytes, list[tuple[str, str]]]] = [
+    # Bounds: each refused in one line, whatever the input's size (rlbuild/core/yamlfile.py).
+    ("nested-10000-deep", b"name: " + b"[" * 10_000 + b"\n", [("experiment", "nests deeper than 64 levels at line 1")]),
+    (
+        "nested-past-the-bound",
+        b"recipe:\n  x: " + b"[" * 100 + b"]" * 100 + b"\n",
+        [("experiment", "nests deeper than 64 levels at line 2")],
+    ),
+    ("alias-bomb", alias_bomb(), [("experiment", "expands to more than 100,000 values through its aliases (`*name`)")]),
+    ("alias-inside-its-anchor", b"recipe:\n  x: &a [*a]\n", [("experiment", "has an alias *a inside its own anchor")]),
+    (
+        "env-key-of-5000-characters",
+        b"execution:\n  env:\n    " + b"K" * 5000 + b": v\n",
+        [("experiment", "has a key of 5,000 characters at line 3, column 5005; YAML reads keys of at most 1024")],
+    ),
+    # Keys YAML reads as other types, named as written.
+    (
+        "keys-that-are-not-text",
+        b"arms:\n  2026-09-21: {seed: 1}\n  on: {seed: 2}\n  12: {seed: 3}\n  null: {seed: 4}\n",
+        [
+            ("arms.2026-09-21", f"the key 2026-09-21 {NOT_TEXT} a date, not as the text '2026-09-21'"),
+            ("arms.on", f"the key on {NOT_TEXT} true/false, not as the text 'on'"),
+            ("arms.12", f"the key 12 {NOT_TEXT} a number"),
+            ("arms.null", f"the key null {NOT_TEXT} null (no value)"),
+        ],
+    ),
     ("duplicate-key", b"name: a\nseed: 1\nseed: 2\n", [("experiment", "key 'seed' is given twice (lines 2 and 3)")]),
     ("not-utf8", b"name: caf\xe9\n", [("experiment", "is not UTF-8 text (byte 0xe9 on line 1)")]),
     ("empty", b"\n  \n", [("experiment", "is empty")]),
     ("a-list", b"- name: a\n", [("<root>", "must be a mapping of the experiment's fields")]),
     ("unclosed-bracket", b"name: [a\n", [("experiment", "is not valid YAML at line 2")]),
+    (
+        "control-character",
+        b"name: a\nseed: \x07\n",
+        [("experiment", "is not valid YAML at line 2: unacceptable character #x0007")],
+    ),
     ("tab-indented", b"role_plan:\n\tcolocate_all: true\n", [("experiment", "is not valid YAML at line 2")]),
     (
         "merge-a-scalar",
@@ -701,6 +761,121 @@ def test_a_bad_file_is_one_clear_error(
     path = tmp_path / "exp.yaml"
     path.write_bytes(content)
     assert_refused(path, "dev", expected, tmp_path / "storage", capsys)
+
+
+def test_a_key_that_is_not_text_is_named_with_its_quoting(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_bytes(b"arms:\n  - {2026-09-21: 1}\n")
+    with pytest.raises(PreflightError) as info:
+        load_yaml(path, "experiment")
+    (violation,) = info.value.violations
+    assert violation.field == "arms.0.2026-09-21"
+    assert violation.fix == "quote it: '2026-09-21':"
+
+
+def test_a_value_yaml_reads_as_another_type_says_to_quote_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, experiment(name=True, model__revision=date(2026, 9, 21)))
+    assert main(["check", str(path), "--json"]) == 2
+    fixes = {e["field"]: e["fix"] for e in json.loads(capsys.readouterr().out)["errors"]}
+    assert fixes["name"] == "quote it in the file: YAML reads this unquoted value as true/false, not as text"
+    assert fixes["model.revision"] == "quote it in the file: YAML reads this unquoted value as a date, not as text"
+
+
+def test_a_document_of_more_values_than_the_bound_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values written out count too (a bound of 100,000 takes a 200 KB file; a bound of 50 shows the same)."""
+    monkeypatch.setattr(yamlfile, "MAX_NODES", 50)
+    path = tmp_path / "exp.yaml"
+    path.write_text("recipe:\n  x: [" + ", ".join(["1"] * 60) + "]\n")
+    with pytest.raises(PreflightError) as info:
+        load_yaml(path, "experiment")
+    (violation,) = info.value.violations
+    assert violation.message.startswith("holds more than 50 values at line 2")
+
+
+def test_hostile_files_are_refused_in_bounded_time_memory_and_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each in one line, well within 5 s and 200 MB on a loaded machine (they took minutes and gigabytes)."""
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as f:
+        f.truncate(50 * 1024 * 1024)  # 50 MB without writing them: a sparse file
+    files = {"huge": huge}
+    for name, content in (("nested", FILE_CASES[0][1]), ("bomb", alias_bomb()), ("key", FILE_CASES[4][1])):
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_bytes(content)
+    said = {}
+    for name, path in files.items():
+        tracemalloc.start()
+        started = time.monotonic()
+        code = main(["check", str(path), "--version", "dev", "--storage-root", str(tmp_path / "s")])
+        seconds, (_, peak) = time.monotonic() - started, tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        out = capsys.readouterr()
+        with capsys.disabled():  # the figures, for whoever runs it with -s
+            print(f"{name}: {seconds:.2f} s, {peak / 2**20:.1f} MiB peak, {len(out.err)} characters")
+        assert code == 2 and seconds < 5 and peak < 200 * 2**20, (name, seconds, peak)
+        lines = out.err.strip().splitlines()
+        assert len(lines) == 2 and "1 problem(s)" in lines[0] and len(lines[1]) < 400, (name, lines)
+        said[name] = lines[1]
+    assert said["huge"].startswith("  - experiment: is 52,428,800 bytes, over the 262,144-byte (256 KiB) bound")
+
+
+def test_an_error_never_grows_with_the_input() -> None:
+    """Fields, messages and fixes are cut (with a marker), quoted values are bounded before they are written out,
+    and an error lists 50 problems then a count."""
+    huge = Violation("f" * 10**6, "m" * 10**6, "x" * 10**6)
+    assert len(huge.field) == MAX_FIELD and len(huge.message) == len(huge.fix) == MAX_TEXT
+    assert huge.message.endswith(CUT)
+    nested: list[Any] = ["x"] * 10
+    for _ in range(9):
+        nested = [nested] * 10  # 10**10 values by reference: repr() would not finish
+    started = time.monotonic()
+    assert len(quote(nested)) <= 80 and time.monotonic() - started < 1
+    assert quote("y" * 10**6) == repr("y" * 80) + "... (1000000 characters)"
+    error = PreflightError("exp.yaml", [Violation(f"k{i}", "unknown key") for i in range(1000)])
+    lines = str(error).splitlines()
+    assert len(lines) == 52 and lines[-1] == "  - ...: 950 more problem(s) not listed; fix those above and check again"
+    assert len(error.violations) == 1000
+
+
+def test_local_data_without_rows_is_refused_at_plan_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Staging would refuse each minutes later; read cheaply now (a JSONL file to its first row, a parquet
+    file's footer). A file with a row passes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    blank, folder, no_data, csv, parquet, rows = (
+        tmp_path / n for n in ("b.jsonl", "d", "n", "r.csv", "e.parquet", "r")
+    )
+    blank.write_text("\n  \n")
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("")
+    (folder / "b.jsonl").write_text("\n")
+    no_data.mkdir()
+    (no_data / "notes.txt").write_text("prompt,answer\n")
+    csv.write_text("prompt,answer\n1+1,2\n")
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), parquet)
+    rows.mkdir()
+    (rows / "a.jsonl").write_text("")
+    (rows / "b.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    train = [{"source": f"local:{p}", "revision": "r1"} for p in (blank, folder, no_data, csv, rows)]
+    path = write(
+        tmp_path, experiment(data__train=train, data__validation=[{"source": f"local:{parquet}", "revision": "r1"}])
+    )
+    zero = "holds 0 rows"
+    expected = [
+        ("data.train.0.source", f"source local:{blank}: {blank} {zero} (the file is empty or blank lines)"),
+        (
+            "data.train.1.source",
+            f"source local:{folder}: {folder} {zero} (its 2 data file(s) are empty or blank lines)",
+        ),
+        ("data.train.2.source", f"source local:{no_data}: {no_data} holds no .jsonl or .parquet files"),
+        ("data.train.3.source", f"source local:{csv}: {csv}: data files must be .jsonl or .parquet"),
+        ("data.validation.0.source", f"source local:{parquet}: {parquet} {zero} (the file is empty"),
+    ]
+    assert_refused(path, "dev", expected, tmp_path / "s", capsys)
 
 
 def test_a_directory_or_a_missing_file_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
