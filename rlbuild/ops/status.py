@@ -116,7 +116,7 @@ def gather(
     found: Entry = {}
     for version in keys:
         try:
-            plan = resolve(experiment, version, storage_root)
+            plan = resolve(experiment, version, storage_root, starts_jobs=False)  # status starts nothing
         except RlbuildError as error:
             found[version] = {"error": redact_text(str(error))}
             continue
