@@ -1,0 +1,80 @@
+"""What a trainer leaves running is ended with it, however it ends: `rlbuild train`'s supervision
+(rlbuild/job/interrupts.py `supervised`, rlbuild/job/attempt.py `run_logged`) on real processes. A stand-in
+trainer starts a process that outlives it, as its local Ray's services and agents do, in the Ray session folder
+it was given; the run's processes are told apart by that folder, not by name."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import REPO
+from tests.faults import wait_until
+
+# The stand-in trainer: a "Ray service" of its own, then SIGKILLed (or it sleeps, for its supervisor to be killed).
+TRAINER = """
+import os, subprocess, sys, time
+service = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+open(os.path.join(os.environ["RLBUILD_RAY_TEMP_DIR"], "session_1"), "w").write("sockets")
+print(f"service {service.pid}", flush=True)
+if sys.argv[1] == "kill-trainer":
+    os.kill(os.getpid(), 9)
+time.sleep(300)
+"""
+# `rlbuild train`'s local path: the trainer run under supervision, its output copied to its attempt's log.
+SUPERVISOR = """
+import sys
+from rlbuild.job import interrupts
+from rlbuild.job.attempt import run_logged
+with interrupts.supervised() as env:
+    print(f"folder {env['RLBUILD_RAY_TEMP_DIR']}", flush=True)
+    code = run_logged([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3], env)
+print(f"exited {code}", flush=True)
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def supervise(how: str, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, int]:
+    command = [sys.executable, "-c", SUPERVISOR, TRAINER, how, str(tmp_path / "attempts")]
+    supervisor = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    assert supervisor.stdout is not None
+    found: dict[str, str] = {}
+    while len(found) < 2:
+        line = supervisor.stdout.readline()
+        assert line, f"the supervisor ended early: {found}"
+        word, _, value = line.strip().partition(" ")
+        if word in ("folder", "service"):
+            found[word] = value
+    return supervisor, Path(found["folder"]), int(found["service"])
+
+
+def test_a_sigkilled_trainer_leaves_no_process_and_no_ray_session_folder(tmp_path: Path) -> None:
+    supervisor, folder, service = supervise("kill-trainer", tmp_path)
+    assert supervisor.stdout is not None
+    rest = supervisor.stdout.read()
+    assert supervisor.wait(timeout=30) == 0 and "exited -9" in rest, rest
+    assert gone(service), "the trainer's service outlived its supervisor's run"
+    assert not folder.exists(), f"{folder} left behind"
+
+
+def test_a_sigkill_of_the_whole_group_is_cleaned_up_by_the_watchdog_within_5_s(tmp_path: Path) -> None:
+    supervisor, folder, service = supervise("sleep", tmp_path)
+    os.killpg(supervisor.pid, signal.SIGKILL)  # `rlbuild train` and its group: nobody left to clean up but the watchdog
+    supervisor.wait(timeout=30)
+    killed = time.monotonic()
+    assert wait_until(lambda: gone(service) and not folder.exists(), 5, poll=0.1), (gone(service), folder.exists())
+    print(f"cleaned up {time.monotonic() - killed:.1f} s after the supervisor's death")
