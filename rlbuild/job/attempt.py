@@ -45,24 +45,39 @@ def run_logged(command: list[str], attempts_root: str, env: Mapping[str, str] | 
     attempt = attempt_id()
     uri = log_uri(attempts_root, attempt)
     print(f"[rlbuild] attempt {attempt}: log {uri}", file=sys.stderr, flush=True)
-    with StreamWriter(uri, flush_s=LOG_FLUSH_S) as log:
-        log.write(f"[rlbuild] attempt {attempt} on {socket.gethostname()}: {' '.join(command)}\n")
-        process = start_child(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
-        with Forwarder(process):
-            assert process.stdout is not None
-            copy = threading.Thread(target=_copy, args=(process.stdout, log), name="rlbuild-attempt-log", daemon=True)
-            copy.start()
-            code = process.wait()
-            end_session(process.pid)  # what it left in its session (adopted: see interrupts.supervised)
-            copy.join()
-        log.write(f"[rlbuild] attempt {attempt} exited with code {code}\n")
+    log = StreamWriter(uri, flush_s=LOG_FLUSH_S)
+    log.write(f"[rlbuild] attempt {attempt} on {socket.gethostname()}: {' '.join(command)}\n")
+    process = start_child(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
+    with Forwarder(process):
+        assert process.stdout is not None
+        copy = threading.Thread(target=_copy, args=(process.stdout, log), name="rlbuild-attempt-log", daemon=True)
+        copy.start()
+        code = process.wait()
+        end_session(process.pid)  # what it left in its session (adopted: see interrupts.supervised)
+        copy.join()
+    if refused := _stored(log, f"[rlbuild] attempt {attempt} exited with code {code}\n", final=True):
+        print(f"[rlbuild] the attempt's log could not be stored at {uri}: {refused}", file=sys.stderr, flush=True)
     return code
 
 
+def _stored(log: StreamWriter, line: str, final: bool = False) -> OSError | None:
+    """A line into the attempt's log; the error of a refused write (a full disk), whose lines stay buffered for
+    the next flush, which the attempt's end tries again: the trainer never waits on its log."""
+    try:
+        log.write(line)
+        if final:
+            log.close()
+    except OSError as error:
+        return error
+    return None
+
+
 def _copy(lines: Iterable[str], log: StreamWriter) -> None:
-    echo = True
+    echo, said = True, False
     for line in lines:
-        log.write(redact_text(line))
+        refused = _stored(log, redact_text(line))
+        if refused and not said:
+            said, line = True, f"[rlbuild] the attempt's log could not be stored at {log.uri}: {refused}\n{line}"
         if echo:
             try:
                 sys.stderr.write(line)

@@ -118,12 +118,14 @@ class QuietStoppedJobs(logging.Filter):
         self._dropping = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
         if hasattr(record, "rule_name") and hasattr(record, "jobid"):  # `Error in rule X, jobid: N`
             dropped = getattr(self._dropping, "next", False)
             self._dropping.next = False
             (self.stopped if dropped else self.failed).append(int(record.jobid))
             return not dropped
-        if record.levelno >= logging.ERROR and _exited_interrupted(record.getMessage()):
+        if _exited_interrupted(record.getMessage()):
             self._dropping.next = True
             return False
         return True
@@ -137,7 +139,15 @@ def stopped_line(signal_name: str | None, where: Sequence[str], command: Sequenc
     """The one line an interrupted run ends with: what stopped where, and the command that resumes it."""
     why = f"interrupted ({signal_name})" if signal_name else "interrupted"
     stopped = f"stopped {'; '.join(where)}" if where else "stopped before its jobs finished"
-    return f"rlbuild: {why}: {stopped}; to resume, run the same command again: {shlex.join(command)}"
+    return f"rlbuild: {why}: {stopped}; to resume, run the same command again: {' '.join(map(_typed, command))}"
+
+
+def _typed(word: str) -> str:
+    """A word quoted as a person types it: `"versions=['2026.09.21']"` rather than shlex's `'...'"'"'...'`."""
+    quoted = shlex.quote(word)
+    if quoted != word and "'" in word and not any(c in word for c in '"$`\\!'):
+        return f'"{word}"'
+    return quoted
 
 
 def snakemake_command(argv: Sequence[str]) -> list[str]:

@@ -1,10 +1,16 @@
-"""What a trainer leaves running is ended with it, however it ends: `rlbuild train`'s supervision
-(rlbuild/job/interrupts.py `supervised`, rlbuild/job/attempt.py `run_logged`) on real processes. A stand-in
-trainer starts a process that outlives it, as its local Ray's services and agents do, in the Ray session folder
-it was given; the run's processes are told apart by that folder, not by name."""
+"""A stopped run is reported as stopped, and what it started ends with it (rlbuild/job/interrupts.py).
+
+- Snakemake's error block for a job that exited 130 is left out, a real failure beside it is kept, and the line
+  the run ends with says where it stopped and how to resume (the end-to-end run: tests/e2e/test_interrupts.py).
+- What a trainer leaves running is ended with it, however it ends: `rlbuild train`'s supervision (`supervised`,
+  rlbuild/job/attempt.py `run_logged`) on real processes. A stand-in trainer starts a process that outlives it, as
+  its local Ray's services and agents do, in the Ray session folder it was given; the run's processes are told
+  apart by that folder, not by name.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -14,8 +20,52 @@ from pathlib import Path
 
 import psutil
 
+from rlbuild.job.interrupts import QuietStoppedJobs, snakemake_command, stopped_line
 from tests.conftest import REPO
 from tests.faults import wait_until
+
+
+class Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def failed_command(code: int) -> str:
+    return (
+        'RuleException:\nCalledProcessError in file "rules/train.smk", line 25:\nCommand \'set -euo pipefail;  '
+        f"python -m rlbuild train ... | tee logs/train/v1.log' returned non-zero exit status {code}."
+    )
+
+
+def test_snakemake_s_error_block_of_a_stopped_job_is_left_out_and_a_real_failure_kept() -> None:
+    logger = logging.getLogger("snakemake.logging.test")
+    quiet, kept = QuietStoppedJobs(), Kept()
+    logger.addFilter(quiet)
+    logger.addHandler(kept)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.info("localrule train:", extra={"rule_name": "train", "jobid": 7})  # the job's start: not an error
+    logger.error(failed_command(130))
+    logger.error("Error in rule train, jobid: 7", extra={"rule_name": "train", "jobid": 7})
+    logger.error(failed_command(1))
+    logger.error("Error in rule export, jobid: 8", extra={"rule_name": "export", "jobid": 8})
+    assert (quiet.stopped, quiet.failed) == ([7], [8])
+    assert kept.messages == ["localrule train:", failed_command(1), "Error in rule export, jobid: 8"]
+
+
+def test_the_line_a_stopped_run_ends_with_says_where_and_how_to_resume() -> None:
+    command = snakemake_command(["/x/bin/snakemake", "--cores", "2", "--config", "versions=['2026.09.21']"])
+    where = ["train/v2026.09.21 at step 3, last checkpoint /r/global_step_3", "eval of v2026.09.21 (a rerun ...)"]
+    assert stopped_line("SIGINT", where, command) == (
+        "rlbuild: interrupted (SIGINT): stopped train/v2026.09.21 at step 3, last checkpoint /r/global_step_3; "
+        "eval of v2026.09.21 (a rerun ...); to resume, run the same command again: "
+        "snakemake --cores 2 --config \"versions=['2026.09.21']\""
+    )
+
 
 # The stand-in trainer: a "Ray service" of its own, then SIGKILLed (or it sleeps, for its supervisor to be killed).
 TRAINER = """
