@@ -27,10 +27,11 @@ def format_status(document: dict[str, Any]) -> str:
         if "error" in kinds:
             lines.append(f"  cannot resolve: {kinds['error']}")
             continue
+        width = max([8, *(len(entry["state"]) for entry in kinds.values())])  # `interrupted` keeps the column
         for kind, entry in kinds.items():
             noted = ("running", "leased", "failed", "interrupted", "corrupt")
             note = entry.get("verdict") if entry["state"] in noted else None
-            lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry.get('stale_because') or entry['uri']}")
+            lines.append(f"  {kind:<12} {entry['state']:<{width}} {note or entry.get('stale_because') or entry['uri']}")
             if entry.get("changed"):
                 lines.append(f"    configuration changed: {', '.join(entry['changed'])}")
             used = entry.get("gpu_hours", (entry.get("ladder") or {}).get("gpu_hours"))
