@@ -132,7 +132,18 @@ class QuietStoppedJobs(logging.Filter):
 
 
 def _exited_interrupted(message: str) -> bool:
-    return "CalledProcessError" in message and f"non-zero exit status {INTERRUPTED_EXIT_CODE}." in message
+    """A job's CalledProcessError for a stop on request: exit 130 (a job command that stopped cleanly), or, once
+    Snakemake itself was interrupted, the forwarded SIGTERM or the terminal's SIGINT ending a job that had not yet
+    installed its handlers (exit 143 or 130 from its shell, or death by the signal)."""
+    if "CalledProcessError" not in message:
+        return False
+    codes = [INTERRUPTED_EXIT_CODE] + ([128 + signal.SIGTERM] if _RUN["signal"] is not None else [])
+    if any(f"non-zero exit status {code}." in message for code in codes):
+        return True
+    return _RUN["signal"] is not None and any(f"died with <Signals.{s.name}: " in message for s in _STOPS)
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
 def stopped_line(signal_name: str | None, where: Sequence[str], command: Sequence[str]) -> str:

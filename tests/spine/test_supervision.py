@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
+from rlbuild.job import interrupts
 from rlbuild.job.interrupts import QuietStoppedJobs, snakemake_command, stopped_line
 from tests.conftest import REPO
 from tests.faults import wait_until
@@ -41,7 +43,9 @@ def failed_command(code: int) -> str:
     )
 
 
-def test_snakemake_s_error_block_of_a_stopped_job_is_left_out_and_a_real_failure_kept() -> None:
+def test_snakemake_s_error_block_of_a_stopped_job_is_left_out_and_a_real_failure_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     logger = logging.getLogger("snakemake.logging.test")
     quiet, kept = QuietStoppedJobs(), Kept()
     logger.addFilter(quiet)
@@ -55,6 +59,15 @@ def test_snakemake_s_error_block_of_a_stopped_job_is_left_out_and_a_real_failure
     logger.error("Error in rule export, jobid: 8", extra={"rule_name": "export", "jobid": 8})
     assert (quiet.stopped, quiet.failed) == ([7], [8])
     assert kept.messages == ["localrule train:", failed_command(1), "Error in rule export, jobid: 8"]
+    # A job that the forwarded SIGTERM ended before it listened (exit 143 from its shell) is a stop on request
+    # only once Snakemake itself was interrupted.
+    logger.error(failed_command(143))
+    logger.error("Error in rule stage_data, jobid: 5", extra={"rule_name": "stage_data", "jobid": 5})
+    assert quiet.failed == [8, 5]
+    monkeypatch.setitem(interrupts._RUN, "signal", signal.SIGINT)
+    logger.error(failed_command(143))
+    logger.error("Error in rule base_model, jobid: 4", extra={"rule_name": "base_model", "jobid": 4})
+    assert (quiet.stopped, quiet.failed) == ([7, 4], [8, 5])
 
 
 def test_the_line_a_stopped_run_ends_with_says_where_and_how_to_resume() -> None:
