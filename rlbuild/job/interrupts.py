@@ -15,10 +15,11 @@
 - Children of job commands run in a session of their own (a terminal's Ctrl-C reaches them once, passed on,
   not also directly; their Ray processes never see it) and die with their parent (PR_SET_PDEATHSIG), so a
   killed job takes its trainer, and the trainer's local Ray, with it.
-- What a child leaves behind is its supervisor's to end (`Supervised`): the supervisor adopts its child's orphans
+- What a child leaves behind is its supervisor's to end (`supervised`): the supervisor adopts its child's orphans
   (PR_SET_CHILD_SUBREAPER), so when the trainer ends, however it ended (SIGKILL included), every process it
   started (its local Ray's services, agents and workers) is a descendant of the supervisor, which stops them by
-  PID (never `ray stop`: other runs' Ray is not ours) and removes the Ray session folder it made for that run.
+  PID (never `ray stop`: other runs' Ray is not ours) and removes the Ray session folder it made for that run; a
+  watchdog of its own session does the same, by that folder, when the supervisor is killed with its group.
 """
 
 from __future__ import annotations
