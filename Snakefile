@@ -9,7 +9,6 @@ from snakemake_interface_executor_plugins.settings import SharedFSUsage
 
 from rlbuild.contracts.artifacts import BY_KIND as ARTIFACT
 from rlbuild.core.errors import RlbuildError
-from rlbuild.job.interrupts import forward_to_jobs
 from rlbuild.core.wire import ALLOW_RETRAIN
 from rlbuild.workflow import (
     Graph,
@@ -87,7 +86,7 @@ onstart:
     GRAPH.take_leases(workflow.dag.needrun_jobs())
     clear_local_copies(workflow.dag.needrun_jobs())  # a kill during an upload leaves them behind
     GRAPH.restrict_job_environment(workflow)
-    forward_to_jobs()  # Ctrl-C stops running jobs cleanly (a training at its next step) instead of waiting them out
+    GRAPH.listen_for_interrupts()  # Ctrl-C stops running jobs cleanly; onerror reports them in one line
 
 
 onsuccess:
@@ -96,6 +95,7 @@ onsuccess:
 
 onerror:
     GRAPH.release_leases()
+    GRAPH.end_if_interrupted(workflow)
 
 
 rule all:

@@ -317,7 +317,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if chain.in_slurm_job(os.environ):  # one link of a chain: the gang over srun, requeued until done
         code = chain.run_link(args.launch, trainer_argv, args.max_links, args.stop_lead, os.environ, attempts)
     else:
-        code = run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts)
+        with interrupts.supervised() as env:  # the trainer's Ray, however the trainer ends, ends with it
+            code = run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts, env)
     if code == 0:
         record = derived_record(launch_record, "train")
         metrics = {METRICS_NAME: launch.artifacts.metrics_uri}

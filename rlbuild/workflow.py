@@ -44,8 +44,9 @@ from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
 from rlbuild.core.storage import join
 from rlbuild.core.validation import violations
-from rlbuild.core.wire import restrict_to_forwarded
+from rlbuild.core.wire import INTERRUPTED_EXIT_CODE, restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
+from rlbuild.job import interrupts
 from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
 from rlbuild.plan import series, slurm
 from rlbuild.plan.noderuntime import GPU_EXTRA, node_runtime
@@ -447,6 +448,7 @@ class Graph:
     workflow: Any = None
     experiment: Experiment = field(init=False)
     leases: Leases | None = field(default=None, init=False)
+    stopped: interrupts.QuietStoppedJobs | None = field(default=None, init=False)  # jobs an interrupt stopped
     inventory: Inventory = field(init=False)
     _held: dict[str, dict[str, Any]] | None = field(default=None, init=False)
     _plans: dict[str, Plan] = field(default_factory=dict, init=False)
@@ -653,6 +655,42 @@ class Graph:
         """`onsuccess:`/`onerror:` the run is over; its artifacts' records say what it built."""
         if self.leases is not None:
             self.leases.release_all()
+
+    def listen_for_interrupts(self) -> None:
+        """`onstart:` Ctrl-C stops running jobs cleanly (a training at its next step) instead of waiting them out;
+        what stopped on request is reported by the line `onerror` ends with, not as a failure."""
+        self.stopped = interrupts.forward_to_jobs()
+
+    def end_if_interrupted(self, workflow: Any) -> None:
+        """`onerror:` a run that an interrupt stopped, and nothing else, ends with one line of ours (what stopped
+        where, the command that resumes it) and exit 130 (rlbuild/job/interrupts.py); a run in which a job also
+        failed keeps Snakemake's error and exit code, after that line."""
+        signal_name, quiet = interrupts.interrupted_by(), self.stopped
+        if quiet is None or (not quiet.stopped and signal_name is None):
+            return
+        jobs = {workflow.dag.jobid(job): job for job in workflow.dag.jobs}
+        where = [self._stopped_at(jobs[jobid]) for jobid in quiet.stopped if jobid in jobs]
+        command = interrupts.snakemake_command(sys.argv)
+        print(interrupts.stopped_line(signal_name, where, command), file=sys.stderr, flush=True)
+        if not quiet.failed:
+            raise SystemExit(INTERRUPTED_EXIT_CODE)  # past Snakemake's handlers: its lock is released on the way
+
+    def _stopped_at(self, job: Any) -> str:
+        """Where a stopped job stopped: a training at its last checkpoint (the interrupt checkpointed the step
+        under way), any other job anywhere (a rerun builds it again)."""
+        kind, version = RULE_KIND.get(job.rule.name, job.rule.name), job.wildcards_dict.get("version")
+        if version is None:
+            return kind
+        if kind != "train":
+            return f"{kind} of v{version} (a rerun builds it again)"
+        root = self.plan(version).launch.artifacts.checkpoint_root
+        try:
+            step = checkpoints.latest_step(root)
+        except RlbuildError as error:
+            return f"train/v{version} (its last checkpoint cannot be read: {error})"
+        if step is None:
+            return f"train/v{version} before its first checkpoint (a rerun starts it at step 0)"
+        return f"train/v{version} at step {step}, last checkpoint {checkpoints.step_uri(root, step)}"
 
     def _retrain_refused(self, plan: Plan) -> bool:
         immutable = not is_mutable(plan.version)

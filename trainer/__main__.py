@@ -58,10 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (TrainerError, RlbuildError, OSError) as exc:
-        # A failure inside a Ray actor arrives wrapped in a RayTaskError whose text is a remote traceback.
-        cause = getattr(exc, "cause", None) or exc
-        print(f"error: {type(cause).__name__}: {redact_text(str(cause))}", file=sys.stderr)
+        print(failure_line(exc), file=sys.stderr)
         return 2
+
+
+def failure_line(exc: BaseException) -> str:
+    """The one line a failed command ends with (`rlbuild status` reads an OSError's errno and path from it). A
+    failure inside a Ray actor arrives wrapped in a RayTaskError whose text is a remote traceback: its cause."""
+    cause = getattr(exc, "cause", None) or exc
+    return f"error: {type(cause).__name__}: {redact_text(str(cause))}"
 
 
 if __name__ == "__main__":

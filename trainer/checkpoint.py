@@ -68,6 +68,29 @@ class CheckpointManager:
         uri = self.step_uri(step)
         # What an interrupted earlier save of this step left (a resume from an older checkpoint gets here again).
         storage.remove(uri)
+        try:
+            self._write(uri, step, data_cursor, extra, write_policy)
+        except OSError as error:  # a full disk, a quota, a permission: also as a rank's error, wrapped by Ray
+            cause = getattr(error, "cause", None) or error
+            storage.remove(uri)  # nothing half-written, and its space back for the attempt's log to say why
+            # A failed write() names no file: the checkpoint's folder, then, in the OSError form status reads.
+            named = OSError(cause.errno, cause.strerror, cause.filename or uri) if cause.errno else cause
+            raise CheckpointError(
+                f"checkpoint of step {step} not written (what was written is removed): {named}"
+            ) from None
+        storage.write_text(storage.join(self.root, LATEST), str(step))
+        self._prune(step)
+        return uri
+
+    def _write(
+        self,
+        uri: str,
+        step: int,
+        data_cursor: int,
+        extra: dict[str, Any],
+        write_policy: Callable[[str], dict[str, Any]],
+    ) -> None:
+        """The checkpoint's files and its manifest, as `save` says."""
         files = write_policy(uri)
         state = {
             "global_step": step,
@@ -81,9 +104,6 @@ class CheckpointManager:
         storage.write_bytes(storage.join(uri, STATE), state_bytes)
         files[STATE] = {"sha256": sha256_bytes(state_bytes), "size": len(state_bytes)}
         storage.write_json(storage.join(uri, MANIFEST), {"files": files})
-        storage.write_text(storage.join(self.root, LATEST), str(step))
-        self._prune(step)
-        return uri
 
     def _prune(self, newest: int) -> None:
         steps = sorted(int(m[1]) for name in storage.list_names(self.root) if (m := STEP_DIR.match(name)))

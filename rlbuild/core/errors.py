@@ -49,6 +49,12 @@ class Violation:
         return {"field": self.field, "message": self.message, "fix": self.fix}
 
 
+@dataclass(frozen=True)
+class MissingCredential(Violation):
+    """A credential a job will need is not in the environment it is forwarded from. Only a command that starts
+    jobs needs it: one that reads storage (`rlbuild status`) resolves the plan without it."""
+
+
 class RlbuildError(Exception):
     """Base class of every error rlbuild raises on purpose."""
 

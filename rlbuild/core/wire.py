@@ -41,6 +41,9 @@ NEVER_FORWARDED = re.compile(r"^(AWS_|R2_)")
 ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"
 # Epoch seconds at which the trainer checkpoints and exits CONTINUE_EXIT_CODE (set by the Slurm chain).
 STOP_AT_ENV = "RLBUILD_STOP_AT"
+# The folder a trainer's local Ray keeps its session in, made and removed by `rlbuild train` (the supervisor
+# removes it whatever ended the trainer, SIGKILL included: rlbuild/job/interrupts.py).
+RAY_TEMP_DIR_ENV = "RLBUILD_RAY_TEMP_DIR"
 
 # Exit codes a job answers with, read by the side that started it.
 CONTINUE_EXIT_CODE = 75  # EX_TEMPFAIL: trained up to a checkpoint before the limit; the next link resumes

@@ -18,6 +18,8 @@ Each artifact is in one state, and a state is only claimed on evidence:
 - `failed`: its last attempt ended badly, its gang's scheduler job ended, or the run that leased it is gone
   (owner gone): its process is gone from this host (`lease.holder_is_gone`), its heartbeat is older than
   `lease.STALE_S`, or the scheduler job it ran in ended. A fresh heartbeat never outweighs a dead owner.
+- `interrupted` (train): its last attempt stopped on an interrupt (exit 130) after checkpointing the step under
+  way; a rerun resumes there. It has no ETA: nothing runs.
 - `corrupt`: its record, or a control document the record describes (launch.yaml, terminal.json, metrics.jsonl,
   a manifest, results.json), changed after it was written (rlbuild/contracts/artifacts.py); the verdict names the
   file. Nothing below it is believed done.
@@ -36,6 +38,7 @@ a run on this very host, its process table: no node is asked.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -65,6 +68,7 @@ from rlbuild.core import storage, streams
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
+from rlbuild.core.wire import INTERRUPTED_EXIT_CODE
 from rlbuild.job.attempt import log_uri
 from rlbuild.job.rendezvous import Rendezvous
 from rlbuild.ops.coordinator import following
@@ -91,6 +95,15 @@ SANDBOX_ERROR_RATE = 0.5
 MIN_ENDED_FOR_RATE = 8
 TAIL_LINES = 20
 RECENT_STEPS = 10  # steps averaged for steps/min, ETA and engine throughput
+# An OSError as Python prints it: `[Errno 28] No space left on device: '<path>'`.
+OS_ERROR = re.compile(r"\[Errno (\d+)\] [^:]*: '([^']*)'")
+WRITE_REFUSALS = {
+    errno.ENOSPC: "no space left on device writing {path}",
+    errno.EDQUOT: "disk quota exceeded writing {path}",
+    errno.EROFS: "read-only file system at {path}",
+    errno.EACCES: "permission denied on {path}",
+    errno.EPERM: "operation not permitted on {path}",
+}
 EXITED = re.compile(r"\[rlbuild\] attempt \S+ exited with code (-?\d+)")
 Entry = dict[str, Any]
 
@@ -116,7 +129,7 @@ def gather(
     found: Entry = {}
     for version in keys:
         try:
-            plan = resolve(experiment, version, storage_root)
+            plan = resolve(experiment, version, storage_root, starts_jobs=False)  # status starts nothing
         except RlbuildError as error:
             found[version] = {"error": redact_text(str(error))}
             continue
@@ -142,7 +155,7 @@ def overall(versions: Entry, coordinators: list[Entry] | None = None) -> str:
         return f"invalid: version {', '.join(unresolved)} cannot be resolved (the error is above)"
     shown = {(v, k): e for v, kinds in versions.items() for k, e in kinds.items() if isinstance(e, dict)}
     entries = list(shown.values())
-    for word in ("corrupt", "failed"):
+    for word in ("corrupt", "failed", "interrupted"):
         for entry in entries:
             if str(entry.get("verdict", "")).startswith(word):
                 return str(entry["verdict"])
@@ -416,6 +429,9 @@ def train_ladder(
         state = "failed"
     elif alive and not _exited(attempt):
         state = "running"
+    elif attempt is not None and attempt.get("exit_code") == INTERRUPTED_EXIT_CODE:
+        state = "interrupted"
+        ladder["eta_s"] = ladder["steps_per_min"] = None  # nothing runs: no rate, no end
     elif attempt is not None and attempt.get("exit_code") not in (None, 0):
         state = "failed"
     else:
@@ -616,7 +632,16 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
         if job_ended(gang):
             return f"failed: {gang.get('scheduler', 'iris')} job {gang.get('job')} is {gang['job_state']}"
         last = next((line for line in reversed(attempt.get("tail", [])) if "exited with code" not in line), "")
+        if cause := storage_refusal(attempt.get("tail", [])):
+            return f"failed: {cause} (attempt {attempt.get('id')} exited with code {attempt.get('exit_code')})"
         return f"failed: attempt {attempt.get('id')} exited with code {attempt.get('exit_code')}: {last.strip()}"
+    if state == "interrupted":
+        step = ladder.get("last_checkpoint")
+        if step is None:
+            return (
+                f"interrupted at step {ladder.get('last_step') or 0} before its first checkpoint; a rerun starts at 0"
+            )
+        return f"interrupted at step {step}, resumable: a rerun resumes from its checkpoint of step {step}"
     if state == "leased":
         seen = "" if ladder.get("last_step") is None else f" (its last step {ladder['last_step']} is older)"
         return (
@@ -634,6 +659,15 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
     if gang and len(gang["nodes_alive"]) < gang["nodes_expected"]:
         return f"degraded: Ray nodes alive {len(gang['nodes_alive'])}/{gang['nodes_expected']}"
     return "healthy" if ladder.get("last_step") is not None else "starting: no step yet"
+
+
+def storage_refusal(tail: list[str]) -> str | None:
+    """The cause of a failed attempt when the disk or its permissions refused a write (the OSError the trainer or
+    `rlbuild train` printed): `no space left on device writing <path>`, else None."""
+    for line in reversed(tail):
+        if (found := OS_ERROR.search(line)) and int(found[1]) in WRITE_REFUSALS:
+            return WRITE_REFUSALS[int(found[1])].format(path=found[2])
+    return None
 
 
 def iris_url_from_environment() -> str | None:

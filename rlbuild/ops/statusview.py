@@ -27,9 +27,11 @@ def format_status(document: dict[str, Any]) -> str:
         if "error" in kinds:
             lines.append(f"  cannot resolve: {kinds['error']}")
             continue
+        width = max([8, *(len(entry["state"]) for entry in kinds.values())])  # `interrupted` keeps the column
         for kind, entry in kinds.items():
-            note = entry.get("verdict") if entry["state"] in ("running", "leased", "failed", "corrupt") else None
-            lines.append(f"  {kind:<12} {entry['state']:<8} {note or entry.get('stale_because') or entry['uri']}")
+            noted = ("running", "leased", "failed", "interrupted", "corrupt")
+            note = entry.get("verdict") if entry["state"] in noted else None
+            lines.append(f"  {kind:<12} {entry['state']:<{width}} {note or entry.get('stale_because') or entry['uri']}")
             if entry.get("changed"):
                 lines.append(f"    configuration changed: {', '.join(entry['changed'])}")
             used = entry.get("gpu_hours", (entry.get("ladder") or {}).get("gpu_hours"))
@@ -37,14 +39,15 @@ def format_status(document: dict[str, Any]) -> str:
                 lines.append(f"    GPU-hours  {used:.4g} used")
             if entry.get("holder_text"):
                 lines.append(f"    held by {entry['holder_text']}")
-            if "ladder" in entry and entry["state"] in ("running", "failed"):
-                lines += ladder_lines(entry["ladder"])
+            if "ladder" in entry and entry["state"] in ("running", "failed", "interrupted"):
+                lines += ladder_lines(entry["ladder"], entry["state"])
     lines.append(f"verdict: {document['verdict']}")
     return "\n".join(lines)
 
 
-def ladder_lines(ladder: dict[str, Any]) -> list[str]:
-    """Seed 003's ladder, top (the scheduler) to bottom (checkpoints), then the failure's tail."""
+def ladder_lines(ladder: dict[str, Any], state: str = "running") -> list[str]:
+    """Seed 003's ladder, top (the scheduler) to bottom (checkpoints), then the failure's tail; an interrupted
+    training has no rate and no ETA (nothing runs)."""
     lines: list[str] = []
     gang = ladder.get("gang")
     if gang:
@@ -60,15 +63,17 @@ def ladder_lines(ladder: dict[str, Any]) -> list[str]:
     if ladder.get("resumed_from") is not None:
         lines.append(f"    resumed    from step {ladder['resumed_from']}")
     age = ladder.get("last_step_age_s")
-    lines.append(
-        f"    steps      {ladder.get('last_step')}/{ladder['max_steps']}, last {_clock(age)} ago, "
-        f"{ladder.get('steps_per_min') or '?'} steps/min, ETA {_clock(ladder.get('eta_s'))}"
+    pace = (
+        ""
+        if state == "interrupted"
+        else f", {ladder.get('steps_per_min') or '?'} steps/min, ETA {_clock(ladder.get('eta_s'))}"
     )
+    lines.append(f"    steps      {ladder.get('last_step')}/{ladder['max_steps']}, last {_clock(age)} ago{pace}")
     lines.append(f"    checkpoint {ladder.get('last_checkpoint')}")
     attempt = ladder.get("attempt") or {}
     restarts = max(ladder.get("trainer_starts", 0) - 1, 0)
     lines.append(f"    restarts   {restarts} (trainer starts: {ladder.get('trainer_starts', 0)})")
-    if attempt.get("exit_code") not in (None, 0):
+    if attempt.get("exit_code") not in (None, 0) and state != "interrupted":
         lines.append(f"    last attempt {attempt['id']} exited with code {attempt['exit_code']}:")
         lines += [f"      {line}" for line in attempt["tail"][-LADDER_TAIL:]]
     return lines

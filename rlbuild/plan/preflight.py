@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe, recipe_problems
 from rlbuild.contracts.rows import no_rows_problem
 from rlbuild.contracts.sources import Source, SourceError, parse_source
-from rlbuild.core.errors import PreflightError, Violation
+from rlbuild.core.errors import MissingCredential, PreflightError, Violation
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import is_secret_name
 from rlbuild.core.yamlfile import load_yaml
@@ -228,11 +228,11 @@ def _empty_data(field: str, source: Source) -> list[Violation]:
 def check_credentials(recipe: Recipe) -> list[Violation]:
     """Credentials a stage will need, checked where they are forwarded from: the submitting environment. Only
     names are ever written: a value would land in a terminal, a log or CI output."""
-    out: list[Violation] = []
+    out: list[Violation] = []  # each a MissingCredential: a command that starts no job drops them
     wandb_off = os.environ.get("WANDB_MODE") in ("offline", "disabled")
     if recipe.trainer.logger == "wandb" and not os.environ.get("WANDB_API_KEY") and not wandb_off:
         out.append(
-            Violation(
+            MissingCredential(
                 "recipe.trainer.logger",
                 "'wandb' needs WANDB_API_KEY in the submitting environment (it is forwarded to the jobs), and none is "
                 "set",
@@ -245,7 +245,7 @@ def check_credentials(recipe: Recipe) -> list[Violation]:
     if missing:
         names = " and ".join(missing)
         out.append(
-            Violation(
+            MissingCredential(
                 "recipe.environment.sandbox.backend",
                 f"{backend!r} needs {names} in the submitting environment (forwarded to the jobs by name; every "
                 f"episode's sandbox is started with it), and {'they are' if len(missing) > 1 else 'it is'} unset",

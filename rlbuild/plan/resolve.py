@@ -25,7 +25,7 @@ from rlbuild.contracts.launch import (
 )
 from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe
 from rlbuild.contracts.sources import FOLDER_SCHEMES, parse_source
-from rlbuild.core.errors import PreflightError
+from rlbuild.core.errors import MissingCredential, PreflightError
 from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
 from rlbuild.plan import environments, series
@@ -251,14 +251,23 @@ def build_launch(
 
 
 def resolve(
-    experiment: Experiment, version: str, storage_root: str, source: str = "experiment", *, shares_venv: bool = True
+    experiment: Experiment,
+    version: str,
+    storage_root: str,
+    source: str = "experiment",
+    *,
+    shares_venv: bool = True,
+    starts_jobs: bool = True,
 ) -> Plan:
     """Resolve one version key of an experiment (a version, or `<version>@<arm>` of a series); raise
     PreflightError with every violation found. `shares_venv`: the jobs run this checkout's .venv
-    (rlbuild/plan/noderuntime.py)."""
+    (rlbuild/plan/noderuntime.py). `starts_jobs=False` (a reader of storage, such as `rlbuild status`): the
+    credentials only jobs use are not asked for."""
     series_experiment = experiment
     experiment = series.experiment_of(series_experiment, version)
     recipe, violations = check_experiment(experiment, shares_venv=shares_venv)
+    if not starts_jobs:
+        violations = [v for v in violations if not isinstance(v, MissingCredential)]
     violations = series.key_problems(series_experiment, version) + violations
     if violations or recipe is None:
         raise PreflightError(source, violations)

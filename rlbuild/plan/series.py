@@ -12,6 +12,7 @@ arms'."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -271,7 +272,7 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str,
 
 
 def _named(arm: str, violation: Violation) -> Violation:
-    return Violation(f"arms.{arm}.{violation.field}", violation.message, violation.fix)
+    return dataclasses.replace(violation, field=f"arms.{arm}.{violation.field}")  # a MissingCredential stays one
 
 
 def _smoke_problems(arm: str, base: Mapping[str, Any], merged: Mapping[str, Any]) -> list[Violation]:

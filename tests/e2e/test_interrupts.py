@@ -10,6 +10,7 @@ no finished step). The timings of every row are printed (`pytest -s`) for the cl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -28,6 +29,7 @@ import yaml
 from rlbuild.contracts.artifacts import ARTIFACTS
 from rlbuild.contracts.manifest import verify_local
 from rlbuild.core.streams import read_stream
+from rlbuild.core.wire import RAY_TEMP_DIR_ENV
 from rlbuild.stages.basemodel import CACHE_ENV
 from tests.conftest import REPO
 from tests.e2e.test_pipeline import VERSION, Pipeline, small_experiment
@@ -107,6 +109,21 @@ def assert_every_record_has_its_complete_payload(root: Path) -> None:
             verify_local(payload)  # raises on a missing or altered file
 
 
+def ray_session_folder(mark: str) -> str | None:
+    """The Ray session folder `rlbuild train` made for the running trainer (its RLBUILD_RAY_TEMP_DIR)."""
+    for process in processes_of(mark):
+        with contextlib.suppress(psutil.Error):
+            if folder := process.environ().get(RAY_TEMP_DIR_ENV):
+                return folder
+    return None
+
+
+def pipe_status(pipe: Pipeline) -> str:
+    command = [sys.executable, "-m", "rlbuild", "status", "--experiment", str(pipe.experiment)]
+    command += ["--storage-root", str(pipe.storage), "--version", VERSION]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False).stdout
+
+
 def ended(process: subprocess.Popen[bytes]) -> bool:
     return process.poll() is not None
 
@@ -135,20 +152,36 @@ def interrupt(pipe: Pipeline, row: Row, mark: str) -> dict[str, float]:
         reached = wait_until(lambda: job_running(mark, row.stage) or ended(process), 600, poll=0.02)
     assert reached and not ended(process), f"{row}: the stage never ran: {log.read_text()[-3000:]}"
     at_signal = latest_checkpoint(pipe.root)
+    ray_folder = ray_session_folder(mark) if row.stage == "train" else None
     sent = time.monotonic()
     HOW[row.how](process.pid)
-    process.wait(timeout=300)
+    code = process.wait(timeout=300)
     exited = time.monotonic() - sent
-    gone = wait_until(lambda: not processes_of(mark), 120, poll=0.5)
+    # Where the run's exit is Snakemake's (it waits for its jobs, or dies with them), nothing of it, Ray's
+    # processes included, is alive 5 s later; where Snakemake alone died, its jobs first finish their step.
+    gone = wait_until(lambda: not processes_of(mark), 120 if row.how == "SIGKILL of Snakemake" else 5, poll=0.2)
     left = processes_of(mark)
     for straggler in left:  # leave a clean machine for the tests after this one, then fail
         straggler.kill()
     assert gone, f"{row}: processes outlived the run: {[(p.pid, p.name()) for p in left]}"
+    assert ray_folder is None or not os.path.exists(ray_folder), f"{row}: Ray's session folder {ray_folder} is left"
     assert_every_record_has_its_complete_payload(pipe.root)
+    if not row.killed:  # stopped, not crashed: one line of ours says where and how to resume, exit 130
+        said = log.read_text()
+        assert code == 130, f"{row}: exit {code}: {said[-3000:]}"
+        for crash in ("Error in rule", "RuleException", "CalledProcessError", "WorkflowError", "Traceback"):
+            assert crash not in said, f"{row}: {crash!r} in {said[-3000:]}"
+        last = said.strip().splitlines()[-1]
+        assert last.startswith("rlbuild: interrupted (SIGINT): stopped ") and "run the same command again" in last
     if row.stage == "train" and not row.killed:
         # Interrupted, not killed: the step under way was checkpointed before the trainer exited.
-        assert latest_checkpoint(pipe.root) >= at_signal
+        step = latest_checkpoint(pipe.root)
+        assert step >= at_signal
         assert "stopped: interrupted" in train_logs(pipe.root)[-1]
+        assert f"train/v{VERSION} at step {step}, last checkpoint " in last, last
+        if row.how == "SIGINT to its group":  # what `rlbuild status` says of it: no ETA, resumable
+            status = pipe_status(pipe)
+            assert f"verdict: interrupted at step {step}, resumable" in status and "ETA" not in status, status
     if row.killed:
         assert pipe.run("--unlock").returncode == 0
     return {"exit_s": exited, "cleanup_s": time.monotonic() - sent, "checkpoint": float(latest_checkpoint(pipe.root))}

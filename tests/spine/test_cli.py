@@ -11,6 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlbuild.core import storage
 from tests.conftest import REPO, run_snakemake
@@ -221,3 +222,27 @@ def test_an_s3_endpoint_that_refuses_at_once_is_not_reported_as_a_timeout(monkey
         storage.exists("s3://bucket/p/a.json")
     assert "refused each of 1 attempt(s) at once" in str(refused.value)
     assert "did not answer within" not in str(refused.value)
+
+
+def test_status_asks_for_no_credential_that_only_the_jobs_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`logger: wandb` without WANDB_API_KEY: the jobs would need the key, so a run is refused naming it, but
+    `rlbuild status` reads storage only and answers."""
+    from rlbuild.cli import main
+    from rlbuild.core.errors import PreflightError
+    from rlbuild.plan.preflight import load_experiment
+    from rlbuild.plan.resolve import resolve
+
+    doc = yaml.safe_load((REPO / "config" / "experiments" / "tiny-addition.yaml").read_text())
+    doc.setdefault("recipe", {}).setdefault("trainer", {})["logger"] = "wandb"
+    path = tmp_path / "wandb.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(PreflightError, match="WANDB_API_KEY"):
+        resolve(load_experiment(path), "2026.09.21", str(tmp_path))
+    code = main(["status", "--experiment", str(path), "--storage-root", str(tmp_path), "--version", "2026.09.21"])
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert "verdict: 7 of 7 artifacts not built" in out.out and "WANDB" not in out.out + out.err

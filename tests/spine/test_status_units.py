@@ -26,8 +26,10 @@ from rlbuild.contracts.launch import load_launch
 from rlbuild.contracts.metricstream import MetricsStream
 from rlbuild.contracts.progress import Progress, progress_uri
 from rlbuild.core import storage
+from rlbuild.core.streams import StreamWriter
 from rlbuild.dev.built import write_built
 from rlbuild.dev.launches import write_test_launch
+from rlbuild.job.attempt import log_uri
 from rlbuild.ops.lease import Holder, Leases, held_leases, lease_uri
 from rlbuild.ops.status import (
     BUILT_FROM,
@@ -42,6 +44,7 @@ from rlbuild.ops.status import (
     verdict,
     version_status,
 )
+from rlbuild.ops.statusview import format_status
 from rlbuild.plan.identity import derived_record
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve
@@ -238,6 +241,29 @@ def stepping_at_two_seconds_a_step(b: Built) -> None:
     progress.step(50, force=True)
 
 
+def attempt_ended(b: Built, code: int, last_line: str, checkpoint: int | None = None) -> None:
+    """The last training attempt's log, as `rlbuild train` keeps it, ends with `last_line` and exit `code`; the
+    run released its leases (Snakemake's `onerror`)."""
+    b.unbuild("train", "export", "eval")
+    a = b.plan.launch.artifacts
+    if checkpoint is not None:
+        CheckpointManager(a.checkpoint_root, 2, "digest").save(checkpoint, 0, {}, lambda uri: {})
+    attempt = "20260921T101500Z-host-1a2b3c"
+    with StreamWriter(log_uri(a.attempts_root, attempt), flush_s=60) as log:
+        log.write(f"{last_line}\n[rlbuild] attempt {attempt} exited with code {code}\n")
+
+
+def interrupted(b: Built) -> None:
+    """Ctrl-C: the trainer checkpointed step 3, the step under way, and exited 130."""
+    attempt_ended(b, 130, "[trainer] stopped: interrupted (SIGTERM at 10:15:00); run again to resume", checkpoint=3)
+
+
+def disk_full(b: Built) -> None:
+    """The disk filled while the trainer wrote a checkpoint."""
+    path = f"{b.plan.launch.artifacts.checkpoint_root}/global_step_4/sharded/__0_0.distcp"
+    attempt_ended(b, 2, f"error: OSError: [Errno 28] No space left on device: '{path}'", checkpoint=2)
+
+
 REBUILT = re.escape(f"from train/v{VERSION}, which was rebuilt at ")
 CASES: dict[str, tuple[Callable[[Built], None], dict[str, str], str]] = {
     # scenario: (what storage holds, {kind: state or "state: reason pattern"}, verdict pattern)
@@ -269,6 +295,16 @@ CASES: dict[str, tuple[Callable[[Built], None], dict[str, str], str]] = {
     ),
     "exporting": (exporting, {"train": "done", "export": "running", "eval": "leased"}, "running$"),
     "heartbeat stopped": (heartbeat_stopped, {"train": "failed: stopped heartbeating 5 min ago"}, "(owner gone)"),
+    "interrupted": (
+        interrupted,
+        {"train": "interrupted: interrupted at step 3, resumable", "export": "missing"},
+        "^interrupted at step 3, resumable: a rerun resumes from its checkpoint of step 3$",
+    ),
+    "disk full": (
+        disk_full,
+        {"train": "failed: no space left on device writing .*/global_step_4/sharded/__0_0.distcp \\(attempt .* 2\\)"},
+        "^failed: no space left on device writing ",
+    ),
     "killed": (
         killed,
         {"train": "failed", "export": "missing"},
@@ -289,6 +325,10 @@ def test_each_state_is_claimed_only_on_its_evidence(scenario: str, built: Built)
         if why:
             assert re.search(why, str(entry.get("stale_because") or entry.get("verdict"))), (kind, entry)
     assert re.search(judged, overall({VERSION: entries})), overall({VERSION: entries})
+    if scenario == "interrupted":  # nothing runs: no rate, no ETA, and the view says so without one
+        assert entries["train"]["ladder"]["eta_s"] is None
+        text = format_status({"experiment": "e", "storage_root": "r", "versions": {VERSION: entries}, "verdict": "-"})
+        assert "ETA" not in text and "interrupted at step 3, resumable" in text, text
     if scenario == "killed":  # a fresh heartbeat and a started trainer do not make a dead run healthy or starting
         assert "starting" not in entries["train"]["verdict"] and "healthy" not in entries["train"]["verdict"]
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +17,24 @@ import torch
 import torch.distributed as dist
 
 from rlbuild.contracts import runtime
-from rlbuild.contracts.artifacts import CorruptDocumentError
+from rlbuild.contracts.artifacts import CorruptDocumentError, artifact
 from rlbuild.contracts.checkpoints import CheckpointLayoutError, read_state
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import ManifestMismatchError, describe_files, payload_files
 from rlbuild.core import storage
+from rlbuild.dev.built import write_built
 from rlbuild.dev.launches import write_test_launch
+from rlbuild.job.attempt import run_logged
+from rlbuild.ops.status import Options, version_status
+from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.resolve import resolve
 from trainer import loop, tiny
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.errors import TrainerError
 from trainer.workers import sharding
+
+EXPERIMENT = Path(__file__).resolve().parents[2] / "config" / "experiments" / "tiny-addition.yaml"
+VERSION = "2026.09.21"
 
 
 def _write_policy(uri: str) -> dict[str, Any]:
@@ -159,3 +172,55 @@ def test_a_sharded_checkpoint_round_trips_through_s3(s3_root: str) -> None:
     saved, loaded = optimizer.state_dict()["state"], restored_optimizer.state_dict()["state"]
     assert all(torch.equal(saved[i]["exp_avg_sq"], loaded[i]["exp_avg_sq"]) for i in saved)
     assert restored_scheduler.last_epoch == 2 and restored_scheduler.get_last_lr() == scheduler.get_last_lr()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a disk that a checkpoint fills. Mounting needs root (CI runs as root); skipped elsewhere."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a 1 MiB tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this root cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+# A training attempt whose checkpoint of step 4 (2 MiB of policy) meets a full disk, as `rlbuild train` runs it.
+FILLS_THE_DISK = """
+import os, sys
+from pathlib import Path
+from trainer.__main__ import failure_line
+from trainer.checkpoint import CheckpointManager
+from trainer.errors import TrainerError
+
+def write_policy(uri):
+    Path(uri, "policy").mkdir(parents=True)
+    Path(uri, "policy", "model.safetensors").write_bytes(os.urandom(2 << 20))
+    return {}
+
+try:
+    CheckpointManager(sys.argv[1], 2, "digest").save(4, 0, {}, write_policy)
+except TrainerError as error:
+    print(failure_line(error), flush=True)
+    sys.exit(2)
+"""
+
+
+def test_a_full_disk_at_a_checkpoint_is_a_failed_train_naming_the_cause(small_disk: Path) -> None:
+    """The kernel's ENOSPC at a checkpoint: what was written of it is removed (nothing half-written, and room for
+    the attempt's log), the attempt's log says why, and `rlbuild status` shows train `failed` with that cause."""
+    root = str(small_disk / "results")
+    write_built(EXPERIMENT, root, [VERSION])
+    plan = resolve(load_experiment(EXPERIMENT), VERSION, root)
+    for kind in ("train", "export", "eval"):  # as Snakemake leaves an artifact it reruns: no record
+        storage.remove(plan.uri(artifact(kind).record(VERSION)))
+    a = plan.launch.artifacts
+    assert run_logged([sys.executable, "-c", FILLS_THE_DISK, a.checkpoint_root], a.attempts_root) == 2
+    step = f"{a.checkpoint_root}/global_step_4"
+    assert not os.path.exists(step)
+    train = version_status(plan, {}, ["train"], Options(), time.time())["train"]
+    assert train["state"] == "failed", train
+    assert train["verdict"].startswith(f"failed: no space left on device writing {step} (attempt "), train["verdict"]

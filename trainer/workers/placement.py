@@ -17,7 +17,9 @@ its Ray workers in the engine's own bundles (VLLM_RAY_BUNDLE_INDICES), while the
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import MutableMapping
@@ -33,7 +35,7 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.layout import Layout, pack, shape_of_recipe
 from rlbuild.contracts.manifest import materialise
 from rlbuild.contracts.recipe import Recipe
-from rlbuild.core.wire import RANK_RESOURCE
+from rlbuild.core.wire import RANK_RESOURCE, RAY_TEMP_DIR_ENV
 from trainer.errors import TrainerError
 from trainer.workers.engines import make_engine
 from trainer.workers.policy import PolicyWorker
@@ -43,7 +45,6 @@ from trainer.workers.roles import Roles, rendezvous
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACEMENT_TIMEOUT_S = 180
 COLOCATED_SHARE = 0.5
-SHORT_TEMP_DIR = 40  # Ray appends about 60 bytes (session_<date>_<pid>/sockets/plasma_store) to its temp folder
 NODE_LABEL = "ray.io/node-id"
 
 
@@ -76,7 +77,7 @@ def connect(address: str | None, num_bundles: int) -> bool:
     # "local" starts a private cluster: with no address, Ray would join whatever cluster last started here.
     ray.init(
         address="local",
-        _temp_dir=short_temp_dir(),
+        _temp_dir=session_folder(),
         num_cpus=max(os.cpu_count() or 1, num_bundles),
         include_dashboard=False,
         runtime_env=env,
@@ -86,13 +87,17 @@ def connect(address: str | None, num_bundles: int) -> bool:
     return True
 
 
-def short_temp_dir() -> str:
-    """Ray's unix sockets live under its temp folder and a socket path may not exceed 107 bytes; a scheduler's
-    TMPDIR (an Iris task's) can be longer. Then use a fresh folder under /tmp, as the gang bootstrap does."""
-    default = tempfile.gettempdir()
-    if len(default) <= SHORT_TEMP_DIR:
-        return default
-    return tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
+def session_folder() -> str:
+    """Where the local Ray keeps its session: the folder `rlbuild train` made for this run (it removes it, and
+    ends what Ray left, however the trainer ends), else a fresh one of this process's, removed at its exit (Ray's
+    own shutdown at exit runs first). Under /tmp, not TMPDIR: Ray's unix sockets live in it, a socket path may
+    not exceed 107 bytes, and a scheduler's TMPDIR (an Iris task's) can be long."""
+    given = os.environ.get(RAY_TEMP_DIR_ENV)
+    if given:
+        return given
+    folder = tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # before ray.init: runs after Ray's own handler
+    return folder
 
 
 class EngineActor:
