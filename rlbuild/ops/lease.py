@@ -286,11 +286,22 @@ class Leases:
                     print(f"rlbuild: lease heartbeat for {uri} failed: {error}", file=sys.stderr, flush=True)
                     continue
                 if new is None:
-                    self.lost.append(uri)
                     del self.held[uri]
-                    print(f"rlbuild: lost the lease {uri} to another run (our heartbeat stalled)", file=sys.stderr)
+                    self._report_lost(uri)
+                    self.lost.append(uri)  # after the report: whoever waits on `lost` finds it said
                 else:
                     self.held[uri] = new
+
+    def _report_lost(self, uri: str) -> None:
+        """Who holds a lost lease now: its jobs stop at their next write (storage.fence), naming the same run."""
+        try:
+            holder = read_lease(uri)
+        except storage.StorageError as error:
+            now = f"(storage did not say who holds it now: {error})"
+        else:
+            now = f"to {describe(holder)}" if holder else "(it was broken or released: nobody holds it now)"
+        lost = f"rlbuild: run {self.holder.run} lost the lease {uri} {now}; its jobs write nothing more"
+        print(lost, file=sys.stderr, flush=True)
 
     def release_all(self) -> None:
         """Stop the heartbeat and delete every lease that is still ours."""

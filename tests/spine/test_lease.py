@@ -58,7 +58,7 @@ def test_one_run_holds_an_artifact_and_the_other_is_told_who(root: str) -> None:
     second.release_all()
 
 
-def test_a_dead_runs_lease_is_taken_over_and_the_old_holder_learns_it(root: str) -> None:
+def test_a_dead_runs_lease_is_taken_over_and_the_old_holder_learns_it(root: str, capsys: pytest.CaptureFixture) -> None:
     uri = lease_uri(root, "stage_data", "dev")
     dead = Leases(heartbeat_s=60, stale_s=0.2)
     dead.acquire(uri, "stage/data/vdev")
@@ -72,6 +72,7 @@ def test_a_dead_runs_lease_is_taken_over_and_the_old_holder_learns_it(root: str)
     while not dead.lost and time.monotonic() < deadline:
         time.sleep(0.05)
     assert dead.lost == [uri]
+    assert f"lost the lease {uri} to run {alive.holder.run} of " in capsys.readouterr().err
     dead.release_all()  # must not delete the new holder's lease
     assert read_lease(uri)["run"] == alive.holder.run  # type: ignore[index]
     alive.start_heartbeat()
@@ -171,6 +172,7 @@ def test_lease_break_refuses_a_live_holder_unless_forced_and_is_recorded_where_s
     while not holder.lost and time.monotonic() < deadline:
         time.sleep(0.05)
     assert holder.lost == [uri] and read_lease(uri) is None
+    assert f"run {holder.holder.run} lost the lease {uri} (it was broken" in capsys.readouterr().err
     holder.release_all()
     (record,) = leases_and_breaks(experiment_root)[1]["train/v2026.09.21"]
     assert record["forced"] and record["lease"]["run"] == holder.holder.run and "@" in record["by"]
