@@ -152,7 +152,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise PreflightError("rlbuild status", [Violation("targets", str(error).split(";")[0], fix)]) from None
     if args.version:
         versions = [args.version]
-    options = Options(stall_after_s=args.stall_after, iris_url=args.iris_controller_url or iris_url_from_environment())
+    iris_url = args.iris_controller_url or iris_url_from_environment()
+    options = Options(stall_after_s=args.stall_after, iris_url=iris_url, verify=args.verify)
     for name, value in STATUS_STORAGE_WAIT.items():  # a person is waiting: seconds, not storage's minutes
         os.environ.setdefault(name, value)
     while True:
@@ -168,6 +169,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not args.watch:  # a version that cannot be resolved is bad input, as in `rlbuild check`
             return EXIT_INVALID if any("error" in kinds for kinds in document["versions"].values()) else 0
         time.sleep(args.watch)
+
+
+def cmd_lease(args: argparse.Namespace) -> int:
+    """`rlbuild lease break <artifact>`: free an artifact's lease for a person (rlbuild/ops/lease.py)."""
+    from rlbuild.contracts.artifacts import key_of_target, kind_of_target
+    from rlbuild.ops.lease import break_lease
+    from rlbuild.ops.status import unscoped
+    from rlbuild.workflow import experiment_file, workflow_config
+
+    kind, key = kind_of_target(args.artifact), key_of_target(args.artifact)
+    if kind is None or key is None:
+        fix = f"give KIND/vVERSION, e.g. {artifact('train').version_folder('2026.09.21')}"
+        problem = Violation("artifact", f"{args.artifact!r} names no artifact", fix)
+        raise PreflightError("rlbuild lease break", [problem])
+    config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
+    storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
+    experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
+    root = storage.join(unscoped(storage_root, experiment.name), experiment.name)
+    broken = break_lease(root, kind, key, force=args.force)
+    print(f"rlbuild: {broken}; recorded in {root}/.leases (rlbuild status shows it)")
+    return 0
 
 
 def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path, Experiment]:
@@ -453,7 +475,17 @@ def _compared_series(experiment: Experiment, version: str) -> None:
         raise PreflightError("rlbuild compare", problems)
 
 
-PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel, cmd_compare}
+PEOPLE_COMMANDS = {cmd_check, cmd_status, cmd_submit, cmd_cancel, cmd_compare, cmd_lease}
+# The rules' subcommands that build an artifact under its lease (the kind the Snakemake run leased).
+LEASED_KIND = {
+    "base-model": "base_model",
+    "stage-model": "stage_model",
+    "stage-data": "stage_data",
+    "resolve-launch": "launch",
+    "train": "train",
+    "export": "export",
+    "eval": "eval",
+}
 
 
 def _operator_commands(sub: argparse._SubParsersAction) -> None:
@@ -466,6 +498,9 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
         "--storage-root", help="local folder or s3://bucket/prefix (default: config/config.yaml's, in the repository)"
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--verify", action="store_true", help="also check every checkpoint shard against its manifest (reads them all)"
+    )
     status.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until interrupted")
     status.add_argument(
         "--stall-after",
@@ -499,7 +534,7 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=func)
 
 
-PEOPLE_VERBS = "{check,status,compare,submit,cancel}"
+PEOPLE_VERBS = "{check,status,compare,submit,cancel,lease}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -539,8 +574,21 @@ def build_parser() -> argparse.ArgumentParser:
     compare.set_defaults(func=cmd_compare)
 
     _operator_commands(sub)
+    _lease_commands(sub)
     _stage_commands(sub)
     return parser
+
+
+def _lease_commands(sub: argparse._SubParsersAction) -> None:
+    """`rlbuild lease break`: a person frees a lease its run can no longer free."""
+    lease = sub.add_parser("lease", help="break an artifact's lease (a run that died where it cannot be seen)")
+    verbs = lease.add_subparsers(dest="lease_verb", required=True, metavar="{break}")
+    breaking = verbs.add_parser("break", help="delete the lease; refused while its holder is alive, unless --force")
+    breaking.add_argument("artifact", help="the artifact, e.g. train/v2026.09.21")
+    breaking.add_argument("--experiment", help="an experiment name or .yaml path (default: config/config.yaml's)")
+    breaking.add_argument("--storage-root", help="local folder or s3://bucket/prefix (default: config/config.yaml's)")
+    breaking.add_argument("--force", action="store_true", help="break it even though its holder heartbeats")
+    breaking.set_defaults(func=cmd_lease)
 
 
 def _stage_commands(sub: argparse._SubParsersAction) -> None:
@@ -622,6 +670,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.func not in PEOPLE_COMMANDS:  # a rule's job: it stops with its Snakemake (rlbuild/job/interrupts.py)
         interrupts.raise_on_signals()
         interrupts.stop_when_snakemake_dies()
+        if (kind := LEASED_KIND.get(args.command)) is not None:
+            from rlbuild.ops.lease import job_lease
+
+            job_lease(kind, args.record, os.environ)  # every write under the artifact's lease is fenced
     try:
         return args.func(args)
     except interrupts.Interrupted as exc:

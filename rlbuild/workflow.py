@@ -42,12 +42,12 @@ from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
-from rlbuild.core.storage import join
+from rlbuild.core.storage import LEASE_RUN_ENV, check_lease, join
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import INTERRUPTED_EXIT_CODE, restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.job import interrupts
-from rlbuild.ops.lease import Leases, describe, held_leases, lease_uri
+from rlbuild.ops.lease import Leases, arm_jobs, describe, held_leases, lease_of, lease_uri
 from rlbuild.plan import series, slurm
 from rlbuild.plan.noderuntime import GPU_EXTRA, node_runtime
 from rlbuild.plan.planview import format_plan
@@ -229,6 +229,26 @@ class PlannedStateChangedError(RlbuildError):
 
 _LISTED: list[Inventory] = []  # the inventory the S3 plugin's patched methods answer from (one experiment a process)
 _PARENT_KEYS: dict[Any, str] = {}  # its root's IOCache key, by the provider's local prefix
+
+
+def fence_uploads(experiment_root: str) -> None:
+    """Snakemake's S3 plugin uploads a job's outputs after the job ends (from this process, or on a cluster from
+    the job's own Snakemake): each upload of an artifact's object first checks that this run still holds that
+    artifact's lease (rlbuild/ops/lease.py), so a run that lost it while frozen uploads nothing over the outputs
+    of the run that took it over; the job fails with the new holder named."""
+    from snakemake_storage_plugin_s3 import StorageObject
+
+    own = getattr(StorageObject.store_object, "unfenced", StorageObject.store_object)
+
+    def store_object(self: StorageObject) -> None:
+        run = os.environ.get(LEASE_RUN_ENV)
+        lease = lease_of(experiment_root, f"s3://{self.bucket}/{self.key}")
+        if run and lease:
+            check_lease(lease, run)
+        own(self)
+
+    store_object.unfenced = own  # type: ignore[attr-defined]
+    StorageObject.store_object = store_object
 
 
 def answer_from_listings(inventory: Inventory) -> None:
@@ -469,6 +489,7 @@ class Graph:
         self.storage_root = scope_storage(workflow, local_root, self.experiment.name)
         self.inventory = Inventory(self.experiment_root)
         if workflow.storage_settings.default_storage_provider:
+            fence_uploads(self.experiment_root)
             answer_from_listings(self.inventory)
             self.inventory.list_ahead()  # while Snakemake parses the rules: the DAG asks for every folder
 
@@ -620,6 +641,7 @@ class Graph:
         in one line when another run holds one (rlbuild/ops/lease.py)."""
         self.leases = Leases()
         atexit.register(self.leases.release_all)
+        arm_jobs(self.experiment_root, self.leases.holder.run, os.environ)
         for job in jobs:
             kind = RULE_KIND.get(job.rule.name)
             if kind is None:

@@ -58,6 +58,57 @@ class StorageUnavailableError(StorageError):
     """The storage endpoint did not answer within the bounded wait, or refused the connection."""
 
 
+class LeaseLostError(RlbuildError):
+    """This process builds under a lease that another run has taken over (or a person broke): it writes nothing
+    more (rlbuild/ops/lease.py)."""
+
+
+# A job that builds an artifact under a lease (its `rlbuild` subcommand and everything it starts: the trainer, its
+# Ray workers) carries the lease's URI and the run that took it. Every write it makes first reads the lease again
+# and is refused once another run holds it: a run frozen past the lease's expiry (SIGSTOP, a paused VM) and
+# continued after a takeover writes nothing over the new holder's artifacts. The check and the write are two
+# requests, so the window left is one request's length, not the minutes of a freeze.
+LEASE_ENV = "RLBUILD_LEASE"
+LEASE_RUN_ENV = "RLBUILD_LEASE_RUN"
+_LOST: dict[tuple[str, str], str] = {}  # (lease, run) -> who holds it: once lost, never the run's again
+
+
+def fence() -> None:
+    """Raise LeaseLostError when this process writes under a lease (LEASE_ENV) its run (LEASE_RUN_ENV) no longer
+    holds; nothing when it writes under none."""
+    uri, run = os.environ.get(LEASE_ENV), os.environ.get(LEASE_RUN_ENV)
+    if uri and run:
+        check_lease(uri, run)
+
+
+def check_lease(uri: str, run: str) -> None:
+    """Raise LeaseLostError, naming who holds it now, unless the lease at `uri` is held by `run`."""
+    if (uri, run) not in _LOST:
+        text = read_text(uri)
+        try:
+            holder = json.loads(text) if text is not None else None
+        except ValueError:
+            holder = {}  # unreadable: it names no run, so not ours
+        if isinstance(holder, dict) and holder.get("run") == run:
+            return
+        _LOST[uri, run] = _holder_text(holder)
+    raise LeaseLostError(
+        f"run {run} lost its lease {uri}: {_LOST[uri, run]}. It stops here without writing; the artifact is that run's "
+        "to build (rlbuild status shows it)."
+    )
+
+
+def _holder_text(holder: Any) -> str:
+    if holder is None:
+        return "no run holds it now (released by the run that took it over, or broken with `rlbuild lease break`)"
+    if not isinstance(holder, dict) or not holder.get("run"):
+        return "it now holds an unreadable document (not written by rlbuild)"
+    return (
+        f"run {holder['run']} of {holder.get('user')}@{holder.get('host')} (pid {holder.get('pid')}) holds it now, "
+        f"since {holder.get('since')}"
+    )
+
+
 def _reported[**P, R](function: Callable[P, R]) -> Callable[P, R]:
     """S3 faults (no answer, refused connection, timeouts) become one StorageUnavailableError naming the endpoint,
     the wait and what to do; a missing object stays what each function makes of it."""
@@ -336,6 +387,42 @@ def read_tagged(uri: str) -> tuple[str, str] | None:
     return None if text is None else (text, hashlib.sha256(text.encode()).hexdigest())
 
 
+@dataclass(frozen=True)
+class Aged:
+    """An object's text and tag, and its age by storage's own clock: the seconds between its last write and the
+    read, both as the storage server (S3: its Last-Modified and Date headers, to the second) or the local
+    filesystem tells them, never a host's clock, so a host whose clock is skewed misjudges nothing."""
+
+    text: str
+    tag: str
+    age_s: float
+
+
+@_reported
+def read_aged(uri: str) -> Aged | None:
+    """The object with its age by storage's clock; None if absent."""
+    if not is_s3(uri):
+        info, text = stat(uri), read_text(uri)
+        if info is None or text is None:
+            return None
+        return Aged(text, hashlib.sha256(text.encode()).hexdigest(), max(time.time() - info.mtime, 0.0))
+    from email.utils import parsedate_to_datetime
+
+    response = _get_response(s3_client(), uri)
+    if response is None:
+        return None
+    served = response["ResponseMetadata"]["HTTPHeaders"].get("date")
+    now = parsedate_to_datetime(served).timestamp() if served else time.time()  # every HTTP/1.1 server sends Date
+    age = now - response["LastModified"].timestamp()
+    return Aged(response["Body"].read().decode(), str(response["ETag"]), max(age, 0.0))
+
+
+def read_many_aged(uris: list[str]) -> dict[str, Aged | None]:
+    """`read_aged` of every URI, READ_WORKERS at a time."""
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        return dict(zip(uris, pool.map(read_aged, uris), strict=True))
+
+
 @_reported
 def replace_if(uri: str, text: str, tag: str) -> str | None:
     """Overwrite the object only if it still has `tag`; the new tag, or None if someone else changed it.
@@ -356,7 +443,7 @@ def replace_if(uri: str, text: str, tag: str) -> str | None:
     current = read_tagged(uri)
     if current is None or current[1] != tag:
         return None
-    write_text(uri, text)
+    _put_bytes(uri, text.encode("utf-8"))  # a lease's own heartbeat: not a write under the lease
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -399,6 +486,11 @@ def read_json(uri: str) -> Any:
 @_reported
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a whole object atomically: local files under a temporary name, then renamed; S3 in one PUT."""
+    fence()
+    _put_bytes(uri, data)
+
+
+def _put_bytes(uri: str, data: bytes) -> None:
     if is_s3(uri):
         fs, path = filesystem(uri)
         fs.pipe_file(path, data, **_whole_call(uri))
@@ -429,6 +521,7 @@ def write_json(uri: str, value: Any) -> None:
 def put_dir(local: Path, uri: str, replace: bool = True) -> None:
     """Copy the contents of a local folder to `uri`, replacing what is there (or, with `replace=False`, beside
     it: how the ranks of one checkpoint each add their own files)."""
+    fence()
     if is_s3(uri):
         fs, path = filesystem(uri)
         if replace and fs.exists(path, **_whole_call(uri)):
@@ -456,6 +549,7 @@ def get_dir(uri: str, local: Path) -> Path:
 
 @_reported
 def remove(uri: str) -> None:
+    fence()
     fs, path = filesystem(uri)
     if fs.exists(path, **_whole_call(uri)):
         fs.rm(path, recursive=True, **_whole_call(uri))
@@ -615,13 +709,18 @@ def _read_listed(uri: str) -> tuple[str, str] | None:
 
 def _get_object(client: Any, uri: str) -> tuple[str, str] | None:
     """An S3 object's text and ETag through `client`; None if there is no such object."""
+    response = _get_response(client, uri)
+    return None if response is None else (response["Body"].read().decode(), str(response["ETag"]))
+
+
+def _get_response(client: Any, uri: str) -> dict[str, Any] | None:
+    """The GetObject response of an S3 object through `client`; None if there is no such object."""
     from botocore.exceptions import ClientError
 
     bucket, key = _bucket_key(uri)
     try:
-        response = client.get_object(Bucket=bucket, Key=key)
+        return client.get_object(Bucket=bucket, Key=key)
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None
         raise
-    return response["Body"].read().decode(), str(response["ETag"])

@@ -22,7 +22,8 @@ Each artifact is in one state, and a state is only claimed on evidence:
   way; a rerun resumes there. It has no ETA: nothing runs.
 - `corrupt`: its record, or a control document the record describes (launch.yaml, terminal.json, metrics.jsonl,
   a manifest, results.json), changed after it was written (rlbuild/contracts/artifacts.py); the verdict names the
-  file. Nothing below it is believed done.
+  file. Nothing below it is believed done. With `--verify`, a train whose checkpoint (terminal.json's, else the
+  latest) has a file that is not what its manifest lists (a flipped `*.distcp` shard) is `corrupt` too.
 - `missing`: nothing of it is stored and nobody builds it.
 
 A train that is not done also gets the monitoring ladder (seed 003): the scheduler's job state and attempt, ranks
@@ -62,6 +63,7 @@ from rlbuild.contracts.artifacts import (
     kind_of_target,
 )
 from rlbuild.contracts.launch import LaunchDocument
+from rlbuild.contracts.manifest import ManifestError, ManifestMismatchError, read_manifest, verify_stored
 from rlbuild.contracts.metricstream import attempt_starts, parse_lines, read_run_metrics, used_gpu_hours
 from rlbuild.contracts.progress import HEARTBEAT_S, read_progress
 from rlbuild.core import storage, streams
@@ -72,7 +74,7 @@ from rlbuild.core.wire import INTERRUPTED_EXIT_CODE
 from rlbuild.job.attempt import log_uri
 from rlbuild.job.rendezvous import Rendezvous
 from rlbuild.ops.coordinator import following
-from rlbuild.ops.lease import STALE_S, describe, held_leases, holder_is_gone
+from rlbuild.ops.lease import STALE_S, broken_text, describe, holder_is_gone, leases_and_breaks
 from rlbuild.plan import series
 from rlbuild.plan.identity import record_drift
 from rlbuild.plan.resolve import Plan, resolve
@@ -112,6 +114,7 @@ Entry = dict[str, Any]
 class Options:
     stall_after_s: float | None = None  # None: from the measured step time (stall_threshold)
     iris_url: str | None = None  # the controller to ask about Iris jobs (None: storage only)
+    verify: bool = False  # read every file of train's checkpoint against its manifest (`rlbuild status --verify`)
 
 
 def gather(
@@ -123,7 +126,7 @@ def gather(
     root = storage.join(storage_root, experiment.name)
     inventory = Inventory(root)  # one listing per folder answers every version's records
     inventory.list_ahead()  # while the leases are listed
-    leases = held_leases(root)
+    leases, breaks = leases_and_breaks(root)
     keys = series.expand(experiment, versions)  # a series' version: each of its arms
     read_ahead(inventory, keys, documents=True)
     found: Entry = {}
@@ -134,6 +137,9 @@ def gather(
             found[version] = {"error": redact_text(str(error))}
             continue
         found[version] = version_status(plan, leases, kinds, opts, now, inventory)
+        for kind, entry in found[version].items():
+            if isinstance(entry, dict) and (recorded := breaks.get(f"{kind}/v{version}")):
+                entry["lease_broken"] = broken_text(recorded[-1])  # the last break: who freed it, when, from whom
     coordinators = following(root, opts.iris_url)
     document = {"experiment": experiment.name, "storage_root": storage_root, "versions": found}
     return document | {"coordinators": coordinators, "verdict": overall(found, coordinators)}
@@ -241,6 +247,8 @@ def version_status(
             entry |= lease_state(leases.get(f"{a.kind}/v{key}"), now, opts, a.record(key))
             if entry["state"] == "leased" and (waits := unbuilt_input(plan, a.kind, entries)):
                 entry["verdict"] = f"leased: a live run holds it; its job waits for {waits[0]} ({waits[1]})"
+        if a.kind == "train" and opts.verify and entry["state"] != "corrupt" and (bad := checkpoint_problem(plan)):
+            entry |= {"state": "corrupt", "verdict": f"corrupt: {bad}"}
         if a.kind == "train" and entry["state"] not in ("done", "corrupt"):
             entry |= train_ladder(plan.launch, entry, opts, now, plan.experiment.execution.episode_stall_after_s)
         if a.kind == "train" and entry["state"] == "done":
@@ -287,6 +295,29 @@ def trained_at(plan: Plan) -> datetime | None:
         return None
     state = _trainer_state(checkpoint) if isinstance(checkpoint, str) and checkpoint else None
     return _moment((state or {}).get("created_at"))
+
+
+def checkpoint_problem(plan: Plan) -> str | None:
+    """`--verify`: what is wrong with the checkpoint train's terminal.json names (else the latest one, which a
+    resume reads), every file read against its manifest; None when it is sound or there is none."""
+    text = storage.read_text(plan.uri(artifact("train").path(plan.version)))
+    try:
+        checkpoint = json.loads(text or "{}").get("checkpoint_path")
+    except (ValueError, AttributeError):
+        checkpoint = None  # an unreadable terminal.json is judged by the record's seal, not here
+    if not isinstance(checkpoint, str) or not checkpoint:
+        root = plan.launch.artifacts.checkpoint_root
+        step = checkpoints.latest_step(root)
+        checkpoint = None if step is None else checkpoints.step_uri(root, step)
+    if checkpoint is None:
+        return None
+    try:
+        verify_stored(checkpoint, read_manifest(checkpoint)["files"])
+    except ManifestMismatchError as error:  # one line: the status line and the verdict carry it
+        return f"checkpoint {checkpoint} does not match its manifest ({'; '.join(error.problems)}): {error.fix}"
+    except ManifestError as error:
+        return str(error)
+    return None
 
 
 def _trainer_state(checkpoint_uri: str) -> Entry | None:
@@ -352,7 +383,7 @@ def owner_gone(lease: Entry, now: float, opts: Options) -> str | None:
     heartbeat stopped, or the scheduler job it ran in (the lease's `job`) ended."""
     if holder_is_gone(lease):
         return f"is gone: pid {lease.get('pid')} no longer runs on {lease.get('host')}"
-    age = now - float(lease.get("heartbeat_epoch", 0))
+    age = float(lease.get("age_s", 0.0))  # by storage's clock (rlbuild/ops/lease.py), not the holder's
     if age > STALE_S:
         return f"stopped heartbeating {age / 60:.0f} min ago"
     task = str(lease.get("job") or "")

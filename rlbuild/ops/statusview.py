@@ -39,6 +39,8 @@ def format_status(document: dict[str, Any]) -> str:
                 lines.append(f"    GPU-hours  {used:.4g} used")
             if entry.get("holder_text"):
                 lines.append(f"    held by {entry['holder_text']}")
+            if entry.get("lease_broken"):
+                lines.append(f"    {entry['lease_broken']}")
             if "ladder" in entry and entry["state"] in ("running", "failed", "interrupted"):
                 lines += ladder_lines(entry["ladder"], entry["state"])
     lines.append(f"verdict: {document['verdict']}")

@@ -32,10 +32,10 @@ def test_version_prints_the_package_version() -> None:
 
 def test_help_lists_the_commands_people_run_and_not_the_rules_subcommands() -> None:
     text = rlbuild("--help").stdout
-    assert "{check,status,compare,submit,cancel}" in text and "Exit codes: 0 done, 2 bad input" in text
+    assert "{check,status,compare,submit,cancel,lease}" in text and "Exit codes: 0 done, 2 bad input" in text
     listed = text.split("positional arguments:")[1].split("options:")[0]
     commands = [line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line[4] != " "]
-    assert commands == ["check", "compare", "status", "submit", "cancel"]
+    assert commands == ["check", "compare", "status", "submit", "cancel", "lease"]
     assert rlbuild("export", "--help").returncode == 0  # still callable by the rules
 
 
@@ -143,6 +143,7 @@ BAD_INPUT = {
     "status": ["status", "export/2026.09.21"],  # no `v`
     "submit": ["submit"],  # no controller, no storage root
     "cancel": ["cancel", "--storage-root", "s3://"],
+    "lease": ["lease", "break", "train/2026.09.21"],  # no `v`
 }
 
 

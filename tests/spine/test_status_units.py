@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rlbuild.contracts.artifacts import ARTIFACTS, artifact, sealed
+from rlbuild.contracts.artifacts import ARTIFACTS, artifact, sealed, sha256_bytes
 from rlbuild.contracts.launch import load_launch
 from rlbuild.contracts.metricstream import MetricsStream
 from rlbuild.contracts.progress import Progress, progress_uri
@@ -210,10 +211,14 @@ def killed(b: Built) -> None:
 
 
 def heartbeat_stopped(b: Built) -> None:
-    """The run on another machine stopped refreshing its lease five minutes ago (its machine died)."""
+    """The run on another machine stopped refreshing its lease five minutes ago (its machine died). That machine's
+    clock ran an hour ahead, so the heartbeat time it wrote lies in the future: storage's clock judges the age."""
     b.unbuild("train", "export", "eval")
-    holder = json.loads(Holder(host="node-7").document()) | {"heartbeat_epoch": time.time() - 300}
-    storage.write_json(lease_uri(b.plan.experiment_root, "train", VERSION), holder)
+    holder = json.loads(Holder(host="node-7").document()) | {"heartbeat_epoch": time.time() + 3600}
+    uri = lease_uri(b.plan.experiment_root, "train", VERSION)
+    storage.write_json(uri, holder)
+    five_minutes_ago = time.time() - 300
+    os.utime(uri, (five_minutes_ago, five_minutes_ago))  # the object's last write, as the filesystem tells it
 
 
 def checkpointed_before_progress(b: Built) -> None:
@@ -403,3 +408,28 @@ def test_a_status_target_names_its_version_key_whether_folder_file_or_record() -
         "2026.09.21",
         "2026.09.21@kl-low",
     ]
+
+
+def test_status_verify_reads_the_final_checkpoints_shards_and_names_a_flipped_one(built: Built) -> None:
+    """A bit flip in a `*.distcp` shard of the final checkpoint: plain status (which reads no shard) says done,
+    `--verify` says corrupt, naming the file, as a resume from it would refuse it."""
+    a = built.plan.launch.artifacts
+    shard = b"rank 0's weights and AdamW moments" * 64
+
+    def write_shards(uri: str) -> dict[str, Any]:
+        storage.write_bytes(storage.join(uri, "sharded", "__0_0.distcp"), shard)
+        return {"sharded/__0_0.distcp": {"sha256": sha256_bytes(shard), "size": len(shard)}}
+
+    checkpoint = CheckpointManager(a.checkpoint_root, 2, "digest").save(4, 0, {}, write_shards)
+    terminal_uri = built.plan.uri(artifact("train").path(VERSION))
+    storage.write_json(terminal_uri, {"global_step": 4, "checkpoint_path": checkpoint})
+    built.write_record("train", derived_record(built.record("launch"), "train"))
+    verified = version_status(built.plan, {}, ["train"], Options(verify=True), time.time())
+    assert verified["train"]["state"] == "done", verified
+    flipped = bytearray(shard)
+    flipped[len(flipped) // 2] ^= 0x01
+    storage.write_bytes(storage.join(checkpoint, "sharded", "__0_0.distcp"), bytes(flipped))
+    assert built.status()["train"]["state"] == "done"  # without --verify no shard is read
+    verified = version_status(built.plan, {}, ["train"], Options(verify=True), time.time())
+    assert verified["train"]["state"] == "corrupt", verified
+    assert re.search(r"sharded/__0_0\.distcp: sha256 .*resume from another checkpoint", verified["train"]["verdict"])

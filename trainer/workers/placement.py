@@ -35,6 +35,7 @@ from rlbuild.contracts.launch import LaunchDocument
 from rlbuild.contracts.layout import Layout, pack, shape_of_recipe
 from rlbuild.contracts.manifest import materialise
 from rlbuild.contracts.recipe import Recipe
+from rlbuild.core import storage
 from rlbuild.core.wire import RANK_RESOURCE, RAY_TEMP_DIR_ENV
 from trainer.errors import TrainerError
 from trainer.workers.engines import make_engine
@@ -67,6 +68,9 @@ def connect(address: str | None, num_bundles: int) -> bool:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
             "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1",
+            # The lease this job builds under reaches the workers on every node (a gang's other ranks started
+            # Ray before the job named it): their checkpoint shards are writes under it (storage.fence).
+            **{name: os.environ[name] for name in (storage.LEASE_ENV, storage.LEASE_RUN_ENV) if name in os.environ},
         }
     }
     if ray.is_initialized():
