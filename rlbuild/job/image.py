@@ -14,6 +14,7 @@ another build than the one baked in, the torch it was built against does not.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping
@@ -47,16 +48,28 @@ def python_for(image: str | None) -> str:
 
 def found_version(package: str) -> str | None:
     """The version of `package` on this node, or None; torch by `torch.__version__` (see the module's note)."""
-    if importlib.util.find_spec(package) is None:
+    spec = importlib.util.find_spec(package)
+    if spec is None:
         return None
-    if package == "torch":
-        import torch
-
-        return str(torch.__version__)
+    if package == "torch" and spec.origin is not None:
+        return torch_version(Path(spec.origin).parent / "version.py")
     try:
         return version(package)
     except PackageNotFoundError:
         return None
+
+
+def torch_version(version_file: Path) -> str | None:
+    """`torch.__version__` as torch/version.py assigns it (torch re-exports it), read without importing torch: an
+    import takes seconds on every node of every link, before Ray starts."""
+    try:
+        tree = ast.parse(version_file.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return str(node.value.value) if isinstance(node.value, ast.Constant) else None
+    return None
 
 
 def matches(declared: str, found: str) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from functools import cache
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from packaging.markers import Marker, default_environment
 from rlbuild.cli import main
 from rlbuild.contracts.launch import apptainer_target
 from rlbuild.core.errors import PreflightError
-from rlbuild.job.image import apptainer_prefix, matches, provides_mismatches, python_for
+from rlbuild.job.image import apptainer_prefix, found_version, matches, provides_mismatches, python_for, torch_version
 from rlbuild.plan import slurm
 from rlbuild.plan.noderuntime import GPU_EXTRA, locked_version, node_markers
 from rlbuild.plan.planview import format_plan
@@ -139,6 +140,14 @@ def test_an_image_declaration_is_checked_on_the_node_torch_first() -> None:
     assert provides_mismatches({"harbor": "0.25"}, found) == ["harbor 0.25 (found none)"]
     assert provides_mismatches(None, found) == []
     assert matches("2.11", "2.11.0+cu128") and matches("0.20.2rc0", "0.20.2rc0") and not matches("2.1", "2.11.0")
+
+
+def test_the_node_reads_torch_version_as_torch_assigns_it_without_importing_torch(tmp_path: Path) -> None:
+    (tmp_path / "version.py").write_text("from typing import Optional\n__version__ = '2.11.0+cu128'\ncuda = '12.8'\n")
+    assert torch_version(tmp_path / "version.py") == "2.11.0+cu128"
+    assert torch_version(tmp_path / "absent.py") is None
+    assert (found_version("torch") or "").split("+")[0] == version("torch").split("+")[0]  # this .venv's own
+    assert found_version("no-such-package") is None
 
 
 def test_an_apptainer_image_wraps_each_gang_task_and_an_iris_image_does_not(tmp_path: Path) -> None:
