@@ -448,7 +448,7 @@ def profile_executor(repo: Path, profile: str | None) -> tuple[str, bool]:
         if ExecutorPluginRegistry().get_plugin(executor).common_settings.implies_no_shared_fs:
             return executor, False
     usage = settings.get("shared-fs-usage")
-    return executor, usage is None or SharedFSUsage.SOFTWARE_DEPLOYMENT.value in [str(u) for u in usage]
+    return executor, usage is None or str(SharedFSUsage.SOFTWARE_DEPLOYMENT) in [str(u) for u in usage]
 
 
 @dataclass

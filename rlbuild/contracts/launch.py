@@ -10,6 +10,7 @@ trainer parses it once with `load_launch` and reads attributes. Secrets never ap
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import yaml
@@ -38,12 +39,32 @@ class Run(StrictModel):
     fingerprint: str = Field(description="the launch artifact's fingerprint")
 
 
+# A SIF file on the file system the nodes share, pinned by the sha256 of its bytes: `/abs/path/x.sif@sha256:<hex>`.
+PINNED_SIF = re.compile(r"^(/[^@\s]+\.sif)@sha256:([0-9a-f]{64})$")
+
+
+def apptainer_target(image: str | None) -> str | None:
+    """What `apptainer exec` runs for a runtime image of Slurm's kinds: the SIF file (its digest is rlbuild's pin,
+    checked by preflight) or the docker:// reference as written; None for no image or an Iris task image."""
+    if image is None:
+        return None
+    if image.startswith("docker://"):
+        return image
+    sif = PINNED_SIF.match(image)
+    return sif.group(1) if sif else None
+
+
 class Runtime(StrictModel):
     entrypoint: Literal["grpo", "fully_async"] = Field(description="the training loop")
     strategy: Literal["fsdp2", "megatron"] = Field(description="how the policy is sharded")
     source_digest: str = Field(description="digest of the code that runs in the job (rlbuild.contracts.runtime)")
     image: str | None = Field(
-        default=None, description="the container image the nodes run (pinned by digest); None: set up from uv.lock"
+        default=None,
+        description="the container image the nodes run (pinned by digest: an Iris task image, or on Slurm a SIF file "
+        "or docker:// reference run with apptainer); None: set up from uv.lock, or this .venv where jobs share it",
+    )
+    image_provides: dict[str, str] | None = Field(
+        default=None, description="the packages the image declares (torch first), checked by each node before Ray"
     )
 
 

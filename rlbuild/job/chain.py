@@ -26,6 +26,7 @@ from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import CONTINUE_EXIT_CODE, STOP_AT_ENV
 from rlbuild.job.attempt import run_logged
+from rlbuild.job.image import apptainer_prefix, python_for
 
 REQUEUE_GRACE_S = 120.0  # Slurm stops the requeued job within KillWait; never outlive that silently
 
@@ -69,14 +70,17 @@ def gang_argv(launch_path: str, trainer_argv: Sequence[str], job: Job) -> list[s
 
     No --kill-on-bad-exit: srun's exit code is the highest of its tasks', and rank 0's "to be continued" (75) must
     reach the chain, not the SIGTERM code of workers srun would kill; workers leave on their own once rank 0 ends
-    (the rendezvous outcome) or their Ray head goes."""
-    allocation = load_launch(launch_path).iris.allocation
+    (the rendezvous outcome) or their Ray head goes. With an Apptainer image (rlbuild/job/image.py) each task runs
+    inside it, the image's Python running this checkout's gang and trainer."""
+    document = load_launch(launch_path)
+    allocation, image = document.iris.allocation, document.runtime.image
     srun = ["srun", f"--nodes={allocation.num_nodes}", "--ntasks-per-node=1", "--whole"]
     if allocation.gpu_variant.lower() != CPU_VARIANT:
         srun.append(f"--gres=gpu:{allocation.gpus_per_node}")
-    gang = [sys.executable, "-m", "rlbuild.job.gang", "--nodes", str(allocation.num_nodes)]
+    python = python_for(image)
+    gang = [python, "-m", "rlbuild.job.gang", "--nodes", str(allocation.num_nodes)]
     gang += ["--gang-id", f"slurm-{job.id}", "--launch", launch_path]
-    return [*srun, *gang, "--", sys.executable, "-m", "trainer", *trainer_argv]
+    return [*srun, *apptainer_prefix(image), *gang, "--", python, "-m", "trainer", *trainer_argv]
 
 
 def run_link(

@@ -226,6 +226,7 @@ def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
             "edited since the plan). Run the job from the checkout the plan was made from, or re-plan it from this "
             "code (resolve_launch; a fixed version needs a new version)."
         )
+    check_image(document)
     check_rollout_backend(document)
     absent = [name for name in document.credentials if not environ.get(name)]
     if absent:
@@ -242,6 +243,20 @@ def check_runtime(launch: str | None, environ: Mapping[str, str]) -> None:
             f"this node's environment lacks the experiment's execution.env ({found}; {launch} asks for "
             f"{', '.join(f'{n}={document.env[n]!r}' for n in wrong)}): the scheduler did not hand it to the task. Run "
             "the job through the Snakefile (which declares these variables to the executor), not a hand-made command."
+        )
+
+
+def check_image(document: LaunchDocument) -> None:
+    """The node holds what its image declares (`runtime.image_provides`, torch first): preflight judged the rollout
+    backend from that declaration, and a SIF rebuilt with other packages under the same name would break it."""
+    from rlbuild.job.image import provides_mismatches
+
+    wrong = provides_mismatches(document.runtime.image_provides)
+    if wrong:
+        raise RuntimeMismatchError(
+            f"this node does not hold what runtime.image_provides declares for {document.runtime.image}: "
+            f"{', '.join(wrong)}. Declare what the image holds (torch.__version__ inside it is the reliable probe), "
+            "or pin the image that holds what is declared."
         )
 
 

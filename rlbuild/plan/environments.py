@@ -269,7 +269,7 @@ def check_harbor_runtime(experiment: Experiment, recipe: Recipe, nodes: NodeRunt
         )
     else:
         where = f"the nodes set up from uv.lock with extras {', '.join(nodes.extras)}, which resolve no harbor for "
-        where += "Linux x86_64"
+        where += f"linux/{nodes.platform}"
         fix = (
             f"declare harbor in pyproject's {HARBOR_EXTRA!r} extra and run `uv lock`, or pin runtime.image (this "
             "judged the profile's nodes: `rlbuild check` without --profile judges this machine's .venv)"

@@ -21,6 +21,7 @@ DERIVED_KINDS = ("train", "export", "eval")  # built from the launch document: t
 # Names under which records carry the runtime (launch: runtime.source_digest and runtime.image; base_model): which
 # code and image built an artifact is provenance, not configuration.
 RUNTIME_FIELDS = frozenset({"source_digest", "runtime_source_digest", "image"})
+IMAGE_PROVIDES = "runtime.image_provides"  # what the image declares it holds: provenance beside the image
 
 
 def fingerprint(fields: Mapping[str, Any]) -> str:
@@ -96,6 +97,7 @@ def config_diff(
         k: v
         for k, v in field_diff(stored, current).items()
         if k.rsplit(".", 1)[-1] not in RUNTIME_FIELDS
+        and not k.startswith(IMAGE_PROVIDES)
         and k not in ignored
         and not (k not in known and k in defaults and defaults[k] == v[1])
     }

@@ -1,10 +1,12 @@
 """What the nodes of a job run, judged on the machine that plans it, which is often a laptop without a GPU stack.
 
 Where Snakemake shares software deployment with the jobs (the local executor; Slurm's shared file system), the
-nodes run this checkout's .venv, and that is what is judged. Elsewhere the nodes run what the experiment declares:
-`runtime.image` (pinned by digest), or an environment set up from the bundle's uv.lock with the `gpu` extra on GPU
-topologies and the `harbor` extra where Harbor plays the episodes; the lock's resolution for the nodes' platform is
-read, never the packages installed here.
+nodes run this checkout's .venv, and that is what is judged, unless `runtime.image` names an image Apptainer runs
+(a SIF file or a docker:// reference: Slurm's train gang runs inside it). Elsewhere (Iris) the nodes run what the
+experiment declares: `runtime.image` (pinned by digest), or an environment set up from the bundle's uv.lock with the
+`gpu` extra on GPU topologies and the `harbor` extra where Harbor plays the episodes; the lock's resolution for the
+nodes' platform (`topology.platform`: x86_64, or aarch64 for Grace nodes) is read, never the packages installed
+here. An image's packages are what `runtime.image_provides` declares; each node checks that declaration.
 """
 
 from __future__ import annotations
@@ -17,16 +19,22 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal
 
-from rlbuild.contracts.launch import CPU_VARIANT
+from rlbuild.contracts.launch import CPU_VARIANT, PINNED_SIF, apptainer_target
 from rlbuild.contracts.recipe import HARBOR_EXTRA, SANDBOX_PROVIDERS
 from rlbuild.contracts.runtime import LOCK_FILE, REPO_ROOT
-from rlbuild.plan.spec import Experiment
+from rlbuild.core.errors import Violation
+from rlbuild.core.paths import path_problem
+from rlbuild.plan.spec import Experiment, NodePlatform
+from rlbuild.stages.staging import cached_sha256
 
 GPU_EXTRA = "gpu"  # pyproject.toml's extra that adds vLLM (scripts/setup.sh --extra gpu)
 PROJECT = "rlbuild"
-# The platform of GPU nodes: the lock's markers are evaluated for it, and a wheel must exist for it.
-NODE_MARKERS = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64"}
-NODE_WHEEL_TAG = "x86_64"
+DEFAULT_PLATFORM: NodePlatform = "x86_64"
+
+
+def node_markers(platform: NodePlatform) -> dict[str, str]:
+    """The marker environment of a Linux node of `platform`: the lock's markers are evaluated for it."""
+    return {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": platform}
 
 
 @dataclass(frozen=True)
@@ -39,13 +47,21 @@ class NodeRuntime:
     image: str | None = None
     extras: tuple[str, ...] = ()
     harbor: str | None = None
+    platform: NodePlatform = DEFAULT_PLATFORM
+    provides: dict[str, str] | None = None  # what the image declares it holds (runtime.image_provides)
 
     def describe(self) -> str:
         if self.origin == "image":
-            return f"image {self.image}"
+            declared = ", ".join(f"{k} {v}" for k, v in (self.provides or {}).items()) or "nothing declared"
+            if apptainer_target(self.image) is not None:
+                return f"Apptainer image {self.image} (apptainer exec --nv on every node of the train gang; {declared})"
+            return f"image {self.image} ({declared})"
         if self.origin == "lock":
             named = f" with extra{'s' if len(self.extras) > 1 else ''} {', '.join(self.extras)}" if self.extras else ""
-            return f"set up from {LOCK_FILE}{named} (Snakemake shares no software deployment with the jobs)"
+            return (
+                f"set up from {LOCK_FILE}{named} for linux/{self.platform} (Snakemake shares no software deployment "
+                "with the jobs)"
+            )
         return "this checkout's .venv (shared with the jobs)"
 
 
@@ -71,15 +87,57 @@ def node_runtime(experiment: Experiment, *, shares_venv: bool) -> NodeRuntime:
     """The runtime the experiment's nodes run; `shares_venv`: they run this checkout's .venv (Snakemake shares
     software deployment with its jobs)."""
     harbor = harbor_needed(experiment)
+    image, provides = experiment.runtime.image, experiment.runtime.image_provides
+    platform = experiment.topology.platform
+    if image is not None and (not shares_venv or apptainer_target(image) is not None):
+        declared = provides or {}
+        vllm, image_harbor = declared.get("vllm"), declared.get("harbor")
+        return NodeRuntime("image", vllm, image=image, harbor=image_harbor, platform=platform, provides=provides)
     if shares_venv:
-        return NodeRuntime("venv", installed_version("vllm"), harbor=installed_version("harbor") if harbor else None)
-    if experiment.runtime.image is not None:
-        return NodeRuntime("image", None, image=experiment.runtime.image)
+        return NodeRuntime(
+            "venv", installed_version("vllm"), harbor=installed_version("harbor") if harbor else None, platform=platform
+        )
     extras = (GPU_EXTRA,) if on_gpus(experiment) else ()
     extras += (HARBOR_EXTRA,) if harbor else ()
-    vllm = locked_version("vllm", GPU_EXTRA) if GPU_EXTRA in extras else None
-    locked_harbor = locked_version("harbor", HARBOR_EXTRA) if harbor else None
-    return NodeRuntime("lock", vllm, extras=extras, harbor=locked_harbor)
+    vllm = locked_version("vllm", GPU_EXTRA, platform=platform) if GPU_EXTRA in extras else None
+    locked_harbor = locked_version("harbor", HARBOR_EXTRA, platform=platform) if harbor else None
+    return NodeRuntime("lock", vllm, extras=extras, harbor=locked_harbor, platform=platform)
+
+
+def image_problems(experiment: Experiment, *, shares_venv: bool) -> list[Violation]:
+    """An Apptainer image is Slurm's (Iris runs OCI task images), and a SIF file is on this host, which shares its
+    file system with the nodes, with the bytes its pin names (hashed once per file version: a SIF is gigabytes)."""
+    image = experiment.runtime.image
+    if apptainer_target(image) is None:
+        return []
+    if not shares_venv:
+        return [
+            Violation(
+                "runtime.image",
+                f"{image}: Apptainer images (a SIF file, a docker:// reference) run on Slurm, and this profile's "
+                "jobs run as Iris tasks, which take an OCI image",
+                "pin an OCI image as registry/name@sha256:<digest> for Iris, or run with --profile slurm",
+            )
+        ]
+    sif = PINNED_SIF.match(image or "")
+    if sif is None:
+        return []  # docker://: Apptainer pulls it by digest on each node; no registry is asked from here
+    path, pinned = Path(sif.group(1)), sif.group(2)
+    problem = path_problem(path, "file")
+    if problem is not None:
+        fix = "copy the SIF there (a path the nodes share: they run it from the same path), or fix runtime.image"
+        return [Violation("runtime.image", f"{path} {problem} on this host, which shares the nodes' files", fix)]
+    found = cached_sha256(path)
+    if found != pinned:
+        return [
+            Violation(
+                "runtime.image",
+                f"{path} has sha256 {found}, not the {pinned} its pin names: the file was replaced or rebuilt",
+                f"pin the file's digest ({path}@sha256:{found}) if this is the image to train with, or put the "
+                "pinned file back",
+            )
+        ]
+    return []
 
 
 def installed_version(package: str) -> str | None:
@@ -93,14 +151,16 @@ def installed_version(package: str) -> str | None:
         return "unknown version"
 
 
-def locked_version(package: str, extra: str, lock: Path = REPO_ROOT / LOCK_FILE) -> str | None:
-    """The version of `package` the lock installs on the nodes' platform with `extra`, or None (not in that extra,
-    a marker that excludes the platform, or no wheel for it)."""
-    return _locked_version(lock, lock.stat().st_mtime_ns if lock.is_file() else 0, package, extra)
+def locked_version(
+    package: str, extra: str, lock: Path = REPO_ROOT / LOCK_FILE, *, platform: NodePlatform = DEFAULT_PLATFORM
+) -> str | None:
+    """The version of `package` the lock installs on Linux nodes of `platform` with `extra`, or None (not in that
+    extra, a marker that excludes the platform, or no wheel for it)."""
+    return _locked_version(lock, lock.stat().st_mtime_ns if lock.is_file() else 0, package, extra, platform)
 
 
 @cache
-def _locked_version(lock: Path, _mtime: int, package: str, extra: str) -> str | None:
+def _locked_version(lock: Path, _mtime: int, package: str, extra: str, platform: NodePlatform) -> str | None:
     from packaging.markers import Marker  # here: only a run whose nodes set up the lock pays its import
 
     if not lock.is_file():
@@ -108,10 +168,11 @@ def _locked_version(lock: Path, _mtime: int, package: str, extra: str) -> str | 
     packages = tomllib.loads(lock.read_text()).get("package", [])
     project = next((p for p in packages if p.get("name") == PROJECT), {})
     wanted = [d for d in project.get("optional-dependencies", {}).get(extra, []) if d.get("name") == package]
-    if not any(Marker(d["marker"]).evaluate(NODE_MARKERS) if "marker" in d else True for d in wanted):
+    if not any(Marker(d["marker"]).evaluate(node_markers(platform)) if "marker" in d else True for d in wanted):
         return None
     for found in (p for p in packages if p.get("name") == package):
         wheels = [w.get("url", "").rsplit("/", 1)[-1] for w in found.get("wheels", [])]
-        if any(NODE_WHEEL_TAG in wheel or wheel.endswith("-any.whl") for wheel in wheels) or "sdist" in found:
+        built = any("linux" in wheel and f"_{platform}" in wheel for wheel in wheels)
+        if built or any(wheel.endswith("-any.whl") for wheel in wheels) or "sdist" in found:
             return str(found["version"])
     return None

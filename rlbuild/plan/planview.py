@@ -261,7 +261,8 @@ def format_rollout(rollout: dict[str, str | None], nodes: dict[str, str | None])
     if rollout["backend"] != "vllm":
         return "torch: Hugging Face generate with a KV cache"
     if nodes["origin"] == "image":
-        return "vLLM from the image (each node checks it has vLLM before Ray starts)"
+        declared = f"vLLM {rollout['vllm']} declared by the image" if rollout["vllm"] else "vLLM from the image"
+        return f"{declared} (each node checks it has vLLM before Ray starts)"
     where = "the nodes run this checkout's .venv" if nodes["origin"] == "venv" else "locked for the nodes, uv.lock"
     return f"vLLM {rollout['vllm']} ({where})"
 

@@ -23,7 +23,7 @@ from rlbuild.core.yamlfile import load_yaml
 from rlbuild.plan.environments import check_environments, check_sandbox
 from rlbuild.plan.identity import flatten
 from rlbuild.plan.modelcheck import check_base_model, check_model, source_model_config
-from rlbuild.plan.noderuntime import NodeRuntime, node_runtime, on_gpus
+from rlbuild.plan.noderuntime import NodeRuntime, image_problems, node_runtime, on_gpus
 from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
 from rlbuild.plan.slurm import check_chain
 from rlbuild.plan.spec import Experiment, RolePlan, Runtime, Topology
@@ -158,9 +158,11 @@ def rollout_backend(experiment: Experiment, recipe: Recipe) -> str:
 
 def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) -> list[Violation]:
     """vLLM where the plan needs it must be in the runtime the nodes will run (rlbuild/plan/noderuntime.py): this
-    .venv where jobs share it, else the lock's resolution for the nodes' platform. An image is checked by each
-    node before Ray starts."""
-    if rollout_backend(experiment, recipe) != "vllm" or nodes.vllm is not None or nodes.origin == "image":
+    .venv where jobs share it, the lock's resolution for the nodes' platform, or what an image declares it holds
+    (an image that declares nothing is checked only by each node before Ray starts)."""
+    if rollout_backend(experiment, recipe) != "vllm" or nodes.vllm is not None:
+        return []
+    if nodes.origin == "image" and nodes.provides is None:
         return []
     why = (
         "generator.backend 'auto' means vLLM on GPUs"
@@ -171,16 +173,23 @@ def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) ->
     where, fix, elsewhere = {
         "venv": (
             "the nodes run this checkout and its .venv",
-            f"install it with `{INSTALL_VLLM}` (Linux x86_64 GPU nodes)",
+            f"install it with `{INSTALL_VLLM}` (Linux GPU nodes, x86_64 or aarch64)",
             "this judged the local executor's .venv: where the jobs run on a cluster, `rlbuild check --profile "
             "iris|slurm` judges the nodes' runtime",
         ),
         "lock": (
             f"the nodes set up from uv.lock{' with extras ' + ', '.join(nodes.extras) if nodes.extras else ''}, "
-            "which installs none "
-            "on Linux x86_64" + ("" if on_gpus(experiment) else " (a CPU topology installs no GPU extra)"),
+            f"which installs none on linux/{nodes.platform}"
+            + ("" if on_gpus(experiment) else " (a CPU topology installs no GPU extra)"),
             "use a GPU topology (its nodes get the gpu extra), or pin runtime.image to an image with vLLM",
             "this judged the profile's nodes: `rlbuild check` without --profile judges this machine's .venv",
+        ),
+        "image": (
+            f"runtime.image_provides declares {', '.join(f'{k} {v}' for k, v in (nodes.provides or {}).items())} "
+            f"for {nodes.image}, no vllm",
+            "declare the image's vllm in runtime.image_provides if it has one (each node checks it), or pin an "
+            "image with vLLM",
+            "this judged the image the profile's jobs run",
         ),
     }[nodes.origin]
     return [
@@ -311,6 +320,7 @@ def _check_experiment(experiment: Experiment, shares_venv: bool) -> tuple[Recipe
         violations_found += check_strategy(recipe) + check_credentials(recipe) + check_collectives(experiment, recipe)
         nodes = node_runtime(experiment, shares_venv=shares_venv)
         violations_found += check_backend(experiment, recipe, nodes) + check_sandbox(experiment, recipe, nodes)
+        violations_found += image_problems(experiment, shares_venv=shares_venv)
         t, placement = recipe.trainer, experiment.execution.slurm
         step_time = placement.step_time_s if placement else None
         violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)

@@ -158,7 +158,8 @@ def _launch_fields(
         # field existed stay what they were.
         "runtime": {**experiment.runtime.model_dump(exclude_none=True), "source_digest": digest},
         "seed": experiment.seed,
-        "topology": experiment.topology.model_dump(),
+        # Without `node_platform: null`: the identities of versions built before the field existed stay the same.
+        "topology": experiment.topology.model_dump(exclude_none=True),
         "role_plan": experiment.role_plan.model_dump(),
         "retention": experiment.retention.model_dump(),
         "recipe": recipe.model_dump(mode="json"),
@@ -214,6 +215,7 @@ def build_launch(
             strategy=experiment.runtime.strategy,
             source_digest=digest,
             image=experiment.runtime.image,
+            image_provides=experiment.runtime.image_provides,
         ),
         iris=_iris_section(experiment),
         ingress=Ingress(mode="ray_actors"),

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from rlbuild.contracts.launch import PINNED_SIF
 from rlbuild.contracts.recipe import SandboxBackend
 from rlbuild.core.errors import Violation, quote
 from rlbuild.core.validation import StrictModel
@@ -57,7 +58,13 @@ NOT_OVERLAID = ("name", "arms")
 
 # An OCI reference pinned by content: `registry/name@sha256:<64 hex>` (a tag may stand before the digest).
 PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
+# What Apptainer runs on Slurm: an OCI reference it pulls (`docker://...@sha256:`), or a SIF file on the shared file
+# system pinned by the sha256 of its bytes (`/abs/path/x.sif@sha256:`), which preflight hashes on the submitting host.
+PINNED_DOCKER = re.compile(r"^docker://[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 MAX_IMAGE_LENGTH = 512
+# What an image declares it holds: a package and its version (or a prefix of its release: torch "2.11").
+ProvidedPackage = Literal["torch", "vllm", "transformers", "ray", "harbor"]
+VERSION_TEXT = r"^[0-9][0-9A-Za-z.+_-]*$"
 
 
 class Runtime(StrictModel):
@@ -66,22 +73,54 @@ class Runtime(StrictModel):
     image: str | None = Field(
         default=None,
         max_length=MAX_IMAGE_LENGTH,
-        description="the container image cluster nodes run, pinned by digest (name@sha256:...); without one, nodes "
-        "set up from the bundle's uv.lock",
+        description="the container image cluster nodes run, pinned by digest: on Iris name@sha256:..., on Slurm a SIF "
+        "file /path/x.sif@sha256:... or docker://name@sha256:... (run with apptainer exec); without one, nodes set up "
+        "from the bundle's uv.lock (Iris) or run this checkout's .venv (Slurm)",
+    )
+    image_provides: dict[ProvidedPackage, Annotated[str, Field(max_length=64, pattern=VERSION_TEXT)]] | None = Field(
+        default=None,
+        description="what runtime.image holds, e.g. {torch: '2.11', vllm: '0.20.2rc0'}: preflight judges the rollout "
+        "backend from it, and each node checks it against what it finds before Ray starts",
     )
 
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str | None) -> str | None:
-        if value is None or PINNED_IMAGE.match(value):
+        if value is None:
             return value
-        name = value.split("@", 1)[0]
-        base = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
-        raise ValueError(
-            f"{value!r} is not pinned by digest: a tag (or no tag, which means :latest) can point at another image "
-            f"tomorrow, and nodes that cached the old one keep running it. Pin it as {base}@sha256:<64 hex digits> "
-            f"(`docker buildx imagetools inspect {name}` prints the digest)"
+        if value.split("@", 1)[0].endswith(".sif"):  # a file, not a registry name that happens to match
+            if PINNED_SIF.match(value):
+                return value
+        elif PINNED_IMAGE.match(value) or PINNED_DOCKER.match(value):
+            return value
+        return _unpinned(value)
+
+
+def _unpinned(value: str) -> str:
+    """Raise the refusal of a floating image reference, with the way to pin it of its kind."""
+    if value.startswith("docker://") or value.endswith(".sif") or ".sif@" in value:
+        path = value.split("@", 1)[0]
+        fix = (
+            f"Pin it as {path}@sha256:<64 hex digits> (`sha256sum {path}` prints the SIF file's digest; a SIF "
+            "path must be absolute, on the file system the nodes share)"
+            if not value.startswith("docker://")
+            else f"Pin it as docker://<name>@sha256:<64 hex digits> (`docker buildx imagetools inspect "
+            f"{path.removeprefix('docker://')}` prints the digest)"
         )
+        what = (
+            "is not an absolute path"
+            if "@sha256:" in value
+            else "is not pinned by digest: a path or tag can hold "
+            "another image tomorrow, and the run's identity would not say which one trained"
+        )
+        raise ValueError(f"{value!r} {what}. {fix}")
+    name = value.split("@", 1)[0]
+    base = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    raise ValueError(
+        f"{value!r} is not pinned by digest: a tag (or no tag, which means :latest) can point at another image "
+        f"tomorrow, and nodes that cached the old one keep running it. Pin it as {base}@sha256:<64 hex digits> "
+        f"(`docker buildx imagetools inspect {name}` prints the digest)"
+    )
 
 
 Source = Annotated[str, Field(min_length=1, max_length=MAX_SOURCE_LENGTH)]
@@ -112,10 +151,26 @@ class Data(StrictModel):
     validation: list[DataSource] = Field(min_length=1, max_length=1024)
 
 
+# GPU variants whose nodes have Grace (ARM) CPUs: their packages are linux/aarch64 builds.
+ARM_VARIANTS = frozenset({"gh200", "gb200", "gb300"})
+NodePlatform = Literal["x86_64", "aarch64"]
+
+
 class Topology(StrictModel):
     num_nodes: Nodes
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     gpu_variant: str = Field(min_length=1, max_length=32, pattern=LABEL)
+    node_platform: NodePlatform | None = Field(
+        default=None,
+        description="the nodes' CPU architecture (Linux); default: aarch64 for GH200/GB200/GB300, else x86_64",
+    )
+
+    @property
+    def platform(self) -> NodePlatform:
+        """The nodes' machine, which the lock's markers and wheels are judged for, not the submitting host's."""
+        if self.node_platform is not None:
+            return self.node_platform
+        return "aarch64" if self.gpu_variant.lower() in ARM_VARIANTS else "x86_64"
 
 
 class RolePlan(StrictModel):

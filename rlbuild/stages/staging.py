@@ -246,6 +246,14 @@ def local_content_digest(source: Source, cache_file: Path | None = None) -> str:
     return manifest_digest({"files": described})
 
 
+def cached_sha256(file: Path, cache_file: Path | None = None) -> str:
+    """The sha256 of one file, remembered like a `local:` source's files (a SIF image is gigabytes)."""
+    cache = _DigestCache(cache_file or _default_digest_cache())
+    digest = cache.sha256(file)
+    cache.save()
+    return digest
+
+
 def _default_digest_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "rlbuild" / "content-digests.json"

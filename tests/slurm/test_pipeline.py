@@ -6,15 +6,21 @@
   "to be continued" and requeues the job; the next link (the whole gang again) resumes from that checkpoint until
   the configured steps are done, and the graph goes on to export and eval. The test prints the measured timeline
   (hand-over, checkpoint, requeue, resume).
+- Its runtime is an Apptainer image, a SIF file pinned by its sha256: every gang task runs through `apptainer exec
+  --nv` (tests/slurm/standin/apptainer, a recording stand-in on PATH: no apptainer is installable here), each node
+  checks the image's declared torch before Ray starts, and the train record names the image and its digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
 import re
 import signal
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,7 @@ REQUEUE = re.compile(r"\[chain (\d\d:\d\d:\d\d)\] link (\d+) ended 'to be contin
 CONTINUED = re.compile(r"\[trainer\] to be continued: (.+); checkpoint of step (\d+) at (\S+)")
 RESUMED = re.compile(r"\[trainer\] resumed from \S+ at step (\d+)")
 STEP = re.compile(r"\[trainer\] step (\d+)/")
+STANDIN = Path(__file__).parent / "standin"  # the recording `apptainer` put first on the jobs' PATH
 
 
 def experiment_file(folder: Path, name: str, slurm: dict, trainer: dict, **changes: Any) -> Path:
@@ -54,11 +61,16 @@ def experiment_file(folder: Path, name: str, slurm: dict, trainer: dict, **chang
     return path
 
 
-def run_profile(slurm: LocalSlurm, s3: S3, tmp_path: Path, experiment: Path, target: str) -> tuple[Any, Path]:
-    """`snakemake --profile slurm <target>` from the repository root, as a user types it."""
+def run_profile(
+    slurm: LocalSlurm, s3: S3, tmp_path: Path, experiment: Path, target: str, path_first: Path | None = None
+) -> tuple[Any, Path]:
+    """`snakemake --profile slurm <target>` from the repository root, as a user types it; `path_first`: a folder
+    put first on PATH (the submitter's, and so the jobs')."""
     workdir = tmp_path / "run"
     workdir.mkdir()
     env = snakemake_env(slurm, tmp_path / "home", {**s3.env, "RLBUILD_BUCKET": s3.bucket, "RLBUILD_PREFIX": "p"})
+    if path_first is not None:
+        env["PATH"] = f"{path_first}{os.pathsep}{env['PATH']}"
     argv = [target, "--profile", "slurm", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
     argv += [*fast_flags(), "--config", f"experiment={experiment}", f"versions=['{VERSION}']"]
     log = tmp_path / "snakemake.log"
@@ -94,8 +106,14 @@ def test_a_two_node_gang_bootstraps_ray_and_chains_past_its_wall_clock_limit_to_
     doc = yaml.safe_load(experiment.read_text())
     doc["role_plan"].update({"policy_num_nodes": 2, "policy_num_gpus_per_node": 1, "num_inference_engines": 2})
     doc["recipe"]["generator"] = {"backend": "torch"}  # CPU stand-ins for the H100s: no vLLM here
+    sif = tmp_path / "images" / "rl.sif"  # the nodes share this host's files: the pinned file is found by path
+    sif.parent.mkdir()
+    sif.write_bytes(b"a SIF stand-in: the stand-in apptainer runs the command on this host")
+    image = f"{sif}@sha256:{hashlib.sha256(sif.read_bytes()).hexdigest()}"
+    torch_release = ".".join(version("torch").split(".")[:2])  # what the "image" (the stand-in's .venv) holds
+    doc["runtime"] |= {"image": image, "image_provides": {"torch": torch_release}}
     experiment.write_text(yaml.safe_dump(doc, sort_keys=False))
-    process, log = run_profile(slurm, s3, tmp_path, experiment, f"eval/v{VERSION}/results.json")
+    process, log = run_profile(slurm, s3, tmp_path, experiment, f"eval/v{VERSION}/results.json", STANDIN)
     try:
         job, slurm_log = train_job(log)
         wait_for(lambda: "rank 1/2" in _text(slurm_log, job), 300, "rank 1 of the gang")
@@ -106,7 +124,13 @@ def test_a_two_node_gang_bootstraps_ray_and_chains_past_its_wall_clock_limit_to_
     plan = log.read_text()  # the plan Snakemake prints before anything runs shows the Slurm placement
     assert "slurm          account rlbuild, partition gpu, qos -; whole nodes, exclusive" in plan
     assert f"chain          wall-clock limit {limit} per link, checkpoint and hand-over {LEAD_S} s before it" in plan
+    assert f"nodes run      Apptainer image {image} (apptainer exec --nv on every node of the train gang" in plan
     prefix = f"p/{name}"
+    # Every task of both links (2 x 2) ran inside the image; the train record names the image and its digest.
+    runs = Path(f"{sif}.runs").read_text().splitlines()
+    assert len(runs) == 2 * CHAIN_STEPS and all(f" {sif} python3 -m rlbuild.job.gang " in run for run in runs), runs
+    record = json.loads(s3.read(f"{prefix}/train/v{VERSION}.identity.json"))
+    assert record["fields"]["runtime"]["image"] == image
     assert json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))["global_step"] == CHAIN_STEPS
     assert "accuracy" in s3.read(f"{prefix}/eval/v{VERSION}/results.json")
     assert s3.read(f"{prefix}/export/v{VERSION}.identity.json")  # beside the folder (artifacts.record)

@@ -170,7 +170,7 @@ def test_harbor_is_judged_in_the_runtime_the_nodes_run(monkeypatch: pytest.Monke
     assert venv.field == "recipe.environment.sandbox.backend"
     assert "harbor is not importable" in venv.message and "`scripts/setup.sh --extra harbor`" in venv.fix
     (lock,) = check_harbor_runtime(parsed, recipe, NodeRuntime("lock", None, extras=("harbor",)))
-    assert "resolve no harbor for Linux x86_64" in lock.message
+    assert "resolve no harbor for linux/x86_64" in lock.message
     assert "`rlbuild check` without --profile judges this machine's .venv" in lock.fix  # the other place
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -237,5 +237,5 @@ def test_a_daytona_plan_checks_for_iris_where_harbor_cannot_be_imported(tmp_path
     argv += ["--storage-root", str(tmp_path / "store")]
     iris = subprocess.run([*argv, "--profile", "iris"], cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
     assert iris.returncode == 0, iris.stderr
-    assert "  nodes run      set up from uv.lock with extra harbor (" in iris.stdout
+    assert "  nodes run      set up from uv.lock with extra harbor for linux/x86_64 (" in iris.stdout
     assert "  sandbox        daytona: 4 episodes at once (4 per engine x 1 engine(s)), cap 6" in iris.stdout
