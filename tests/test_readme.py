@@ -24,7 +24,7 @@ RUN_HERE = {
     "snakemake --unlock": "Unlocked working directory",
     "rlbuild check": "terminal stage eval",  # as `snakemake -n` says
     "rlbuild --version": "rlbuild 0.",
-    "rlbuild --help": "{check,status,compare,submit,cancel}",
+    "rlbuild --help": "{check,status,compare,submit,cancel,lease}",
     "rlbuild check config/experiments/tiny-addition.yaml --version 2026.09.21": "rlbuild plan: tiny-addition",
     "rlbuild check config/experiments/tiny-addition.yaml --json": '"ok": true',
     "rlbuild check config/experiments/tiny-addition.yaml --profile iris": "nodes run      set up from uv.lock",
@@ -35,12 +35,17 @@ RUN_HERE = {
     "rlbuild status": "verdict: 7 of 7 artifacts not built",
     "rlbuild status --json": '"stage_model": {',
     "rlbuild status export/v2026.09.21": "  export       missing",
+    "rlbuild status --verify train/v2026.09.21": "  train        missing",
     "rlbuild status --experiment tiny-series": "verdict: 28 of 28 artifacts not built",  # 4 arms x 7 kinds
     "rlbuild check --json": '"ok": true',
 }
 COVERED_ELSEWHERE = {
     "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
     "make test": "CI runs it (.ci/run)",
+    "rlbuild lease break train/v2026.09.21": (
+        "tests/spine/test_lease.py::test_lease_break_refuses_a_live_holder_unless_forced_and_is_recorded_where_status_"
+        "shows_it (a live holder refused, --force breaks it, status shows the break)"
+    ),
     "make test-fast": "`make test` runs every test it runs (those not marked slow), with the same options",
     "source .venv/bin/activate": "these tests put the venv's bin first on PATH, as activating does",
     "snakemake --forcerun eval": "tests/e2e/test_pipeline.py::test_forcerun_eval_reruns_eval_only",
