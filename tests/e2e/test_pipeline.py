@@ -434,9 +434,10 @@ def _assert_status_shows_corrupt(pipeline: Pipeline, kind: str, name: str) -> No
 def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(pipeline: Pipeline) -> None:
     """Last in the module: the refused stages leave export and eval to be built again.
 
-    Records (one byte of a field) are refused by the dry run; the launch document and the run's metrics by the
-    eval that reads them, terminal.json by the export (each edit keeps the file's mtime, as a hand edit with
-    `touch -r` or a bit flip would)."""
+    Each edit keeps the file's mtime, as a hand edit with `touch -r` or a bit flip would. The dry run and
+    `rlbuild check` of the completed fixed version refuse every one, naming the file and the way out, as status
+    names it corrupt; the stage that reads the document refuses it too (eval the launch document and the run's
+    metrics, export terminal.json)."""
     root = pipeline.root
     for kind in ("launch", "train", "export"):
         record = root / f"{kind}/v{VERSION}.identity.json"
@@ -459,10 +460,37 @@ def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(p
         original = _edit_in_place(document, old, new)
         try:
             _assert_status_shows_corrupt(pipeline, name.split("/")[0], name)
-            result = pipeline.run("--forcerun", rule, targets=(f"eval/v{VERSION}/results.json",))
-            log = (root / "logs" / rule / f"v{VERSION}.log").read_text()
-            assert result.returncode != 0, log
-            assert f"{name} is corrupt: its sha256 is" in log and "its record says" in log, log[-2000:]
-            assert "Traceback" not in log
+            dry = pipeline.run("-n", targets=(f"eval/v{VERSION}/results.json",))
+            assert dry.returncode != 0, dry.stdout[-2000:]
+            assert f"{name} is corrupt: its sha256 is" in dry.stderr and "its record says" in dry.stderr, dry.stderr
+            assert "restore it, or delete the artifact's record" in dry.stderr and "Traceback" not in dry.stderr
+            if rule == "eval":  # `rlbuild check` refuses as the dry run does: bad input, exit 2
+                check = _rlbuild(
+                    "check", str(pipeline.experiment), "--version", VERSION, "--storage-root", str(pipeline.storage)
+                )
+                assert check.returncode == 2 and f"{name} is corrupt: its sha256 is" in check.stderr, check.stderr
+            refused = _next_reader(pipeline, rule)
+            assert refused.returncode != 0 and f"{name} is corrupt: its sha256 is" in refused.stderr, refused.stderr
+            assert "Traceback" not in refused.stderr
         finally:
             _restore(document, original)
+
+
+def _rlbuild(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlbuild", *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO
+    )
+
+
+def _next_reader(pipeline: Pipeline, rule: str) -> subprocess.CompletedProcess[str]:
+    """The rule's own command, as its shell runs it, writing into a scratch folder (the graph refuses earlier)."""
+    root, scratch = pipeline.root, pipeline.folder / f"next-{rule}"
+    launch = ["--launch", str(root / f"launch/v{VERSION}/launch.yaml")]
+    launch += ["--launch-record", str(root / f"launch/v{VERSION}.identity.json")]
+    if rule == "eval":
+        inputs = ["--model", str(root / f"export/v{VERSION}"), "--data", str(root / f"stage/data/v{VERSION}")]
+    else:
+        inputs = ["--terminal", str(root / f"train/v{VERSION}/terminal.json")]
+        inputs += ["--model-record", str(root / f"stage/model/v{VERSION}.identity.json")]
+        inputs += ["--data-record", str(root / f"stage/data/v{VERSION}.identity.json")]
+    return _rlbuild(rule, *launch, *inputs, "--out", str(scratch / "out"), "--record", str(scratch / "record.json"))
