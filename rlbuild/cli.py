@@ -355,7 +355,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlbuild.stages.evaluation import run_eval
+    from rlbuild.stages.evaluation import CURVES, RESULTS, TABLE, accuracy_line, run_eval
 
     launch, launch_record = _verified_launch(args.launch, args.launch_record)
     verify_document(
@@ -366,8 +366,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     verify_document(_stored_record("export", launch.artifacts.export_root), MANIFEST, str(Path(args.model) / MANIFEST))
     out = Path(args.out)
     validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
-    run_eval(Path(args.model), validation, launch, out, k=args.k)
+    results = run_eval(Path(args.model), validation, launch, out, k=args.k)
     _write_record(Path(args.record), derived_record(launch_record, "eval"), args.out)
+    # The rule's log (logs/eval/v<version>.log) is this stream: what was measured and where it is.
+    print(f"rlbuild eval: {launch.run.name} v{launch.run.version}: {accuracy_line(results)}", file=sys.stderr)
+    for warning in results["training"]["warnings"]:
+        print(f"rlbuild eval: warning: {warning}", file=sys.stderr)
+    print(f"rlbuild eval: wrote {out / RESULTS}, {TABLE} and {CURVES} beside it", file=sys.stderr)
     return 0
 
 

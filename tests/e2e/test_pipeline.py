@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,12 +152,32 @@ def test_the_export_is_a_publishable_model_with_its_card(pipeline: Pipeline) -> 
 
 
 def test_report_lands_where_it_was_typed_with_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
+    """`make main`'s last step: the report opens on the results (its first page: the accuracy before and after
+    training, the curves, the eval table, the plan), and the command ends saying them and where everything is."""
     result = pipeline.run("--report", "report.html")  # relative to where snakemake runs, not the experiment root
     assert result.returncode == 0, result.stderr[-3000:]
     html = (pipeline.folder / "report.html").read_text()
     for name in ("curves.png", "results.html", "plan.txt"):
         assert name in html
     assert not (pipeline.root / "report.html").exists()
+    results = json.loads((pipeline.root / "eval" / f"v{VERSION}" / "results.json").read_text())
+    metrics = [json.loads(line) for line in (pipeline.root / "train" / f"v{VERSION}" / "metrics.jsonl").open()]
+    before = metrics[0]["eval/accuracy"]  # the trainer's step-0 eval: the base model, measured
+    assert metrics[0]["step"] == 0 and results["training"]["eval_accuracy"]["before_training"] == before
+    said = f"held-out greedy accuracy {before:.3f} before training -> {results['accuracy']:.3f} after, on "
+    log = (pipeline.root / "logs" / "eval" / f"v{VERSION}.log").read_text()
+    assert f"rlbuild eval: tiny-addition v{VERSION}: {said}" in log, log
+    last = result.stderr.rstrip().splitlines()[-3:]
+    assert last[0].startswith(f"rlbuild: tiny-addition v{VERSION}: {said}"), last
+    eval_log = pipeline.root / "logs" / "eval" / f"v{VERSION}.log"
+    assert last[1] == f"rlbuild:   eval    {pipeline.root}/eval/v{VERSION}/results.json (its log: {eval_log})", last
+    assert last[2] == f"rlbuild:   report  {pipeline.folder / 'report.html'}", last
+    first_page = json.loads(re.search(r"var workflow_desc = (\".*?\");\n", html).group(1))
+    shown = [
+        first_page.index(text)
+        for text in (said.replace(">", "&gt;"), "data:image/png;base64,", "accuracy before training")
+    ]
+    assert shown == sorted(shown) and "rlbuild plan: tiny-addition" in first_page.replace("&#64;", "@"), first_page
 
 
 def test_nothing_to_do_when_everything_is_built(pipeline: Pipeline) -> None:
