@@ -345,7 +345,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = derived_record(launch_record, "export")
     with tempfile.TemporaryDirectory(prefix="rlbuild-card-") as tmp:
         card = Path(tmp) / "README.md"
-        card_for_run(launch, args.model_record, args.data_record, record["identity"]).save(card)
+        card_for_run(launch, args.model_record, args.data_record, record["identity"], args.license).save(card)
         code = _trainer(
             "export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out, "--card", str(card)
         )
@@ -594,6 +594,7 @@ def _delivery_commands(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--terminal", required=True)
     export.add_argument("--model-record", required=True, help="the staged model's record (sources for the card)")
     export.add_argument("--data-record", required=True, help="the staged data's record (sources for the card)")
+    export.add_argument("--license", required=True, help="the card's license: the experiment's `license:`")
     export.add_argument("--out", required=True)
     export.add_argument("--record", required=True)
     export.set_defaults(func=cmd_export)

@@ -149,6 +149,13 @@ def test_the_export_is_a_publishable_model_with_its_card(pipeline: Pipeline) -> 
     # The trainer's held-out score at the terminal step is the eval stage's greedy accuracy: the same scorer.
     results = json.loads((root / "eval" / f"v{VERSION}" / "results.json").read_text())
     assert result.metric_value == results["accuracy"]
+    # `ref_num_nodes: 0` with colocate_all: the reference lives in the policy's workers; no `license:`: the default,
+    # said so; the base model's accuracy is the step-0 eval; the quick start asks the first held-out prompt.
+    assert "GPU(s), the reference in the policy's workers, on their GPUs, 1 engine(s)" in card.text
+    assert data.license == "other" and "`other`: the default, as the experiment names no `license:`" in card.text
+    assert f"the base model, before training: {metrics[0]['eval/accuracy']:.3f} (step 0)" in card.text
+    first = json.loads((root / "stage" / "data" / f"v{VERSION}" / "validation" / "0.jsonl").open().readline())
+    assert f"inputs = tokenizer({first['prompt']!r}, return_tensors=" in card.text
 
 
 def test_report_lands_where_it_was_typed_with_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
@@ -513,5 +520,5 @@ def _next_reader(pipeline: Pipeline, rule: str) -> subprocess.CompletedProcess[s
     else:
         inputs = ["--terminal", str(root / f"train/v{VERSION}/terminal.json")]
         inputs += ["--model-record", str(root / f"stage/model/v{VERSION}.identity.json")]
-        inputs += ["--data-record", str(root / f"stage/data/v{VERSION}.identity.json")]
+        inputs += ["--data-record", str(root / f"stage/data/v{VERSION}.identity.json"), "--license", "other"]
     return _rlbuild(rule, *launch, *inputs, "--out", str(scratch / "out"), "--record", str(scratch / "record.json"))
