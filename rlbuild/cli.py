@@ -408,7 +408,7 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """The series report of one version: every arm side by side. The rule `compare` names each arm's launch
     document and eval results; a person names the version, and the arms are read from the storage root."""
-    from rlbuild.ops.compare import CompareError, read_arm, write_report
+    from rlbuild.ops.compare import CompareError, noise_words, read_arm, write_report
     from rlbuild.plan.series import series_keys
     from rlbuild.workflow import experiment_file, workflow_config
 
@@ -435,7 +435,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         out = Path(args.out or f"series-{experiment.name}-v{version}")
     report = write_report(experiment, [read_arm(*pair) for pair in pairs], out)
     for arm, found in report["arms"].items():
-        print(f"{arm:<16} accuracy {found['scores'].get('accuracy')}  GPU-h {found['gpu_hours']}  {found['key']}")
+        accuracy = found["scores"].get("accuracy")
+        shown = "—" if accuracy is None else f"{accuracy:.3f}"
+        delta = noise_words(found, report["base"])
+        print(f"{arm:<16} accuracy {shown}{f' ({delta})' if delta else ''}  GPU-h {found['gpu_hours']}  {found['key']}")
     print(f"rlbuild: series report in {out}/")
     return 0
 
