@@ -238,9 +238,11 @@ def test_the_card_says_where_the_reference_is_its_license_both_accuracies_and_as
     assert reference_placement(launch.recipe) in card.text
 
 
-def test_a_license_is_a_hub_license_id(tmp_path: Path) -> None:
+def test_a_license_is_a_hub_license_id() -> None:
+    shipped = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
     with pytest.raises(PreflightError) as error:
-        parse_experiment(experiment_document(tmp_path) | {"license": "Apache 2"}, "test experiment")
+        parse_experiment(shipped | {"license": "Apache 2"}, "test experiment")
     (violation,) = error.value.violations
     assert violation.field == "license" and "'Apache 2' is not a Hub license id" in violation.message
-    assert parse_experiment(experiment_document(tmp_path) | {"license": "mit"}, "x").license == "mit"
+    assert parse_experiment(shipped | {"license": "mit"}, "x").license == "mit"
+    assert parse_experiment(shipped, "x").license == "other"  # the default, which the card explains
