@@ -64,7 +64,7 @@ EXPERIMENT = rule_param(str(EXPERIMENT_FILE))
 
 if not workflow.storage_settings.default_storage_provider:
 
-    workdir: GRAPH.experiment_root
+    workdir: GRAPH.working_directory()
 
 
 wildcard_constraints:

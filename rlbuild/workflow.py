@@ -498,6 +498,24 @@ class Graph:
     def experiment_root(self) -> str:
         return join(self.storage_root, self.experiment.name)
 
+    def working_directory(self) -> str:
+        """Where Snakemake works on local storage: the experiment root. Snakemake makes it (and `.snakemake/` in
+        it) as it parses; a dry run must leave no folder behind, so a root that did not exist is removed at exit,
+        with every folder made above it, when the run was a dry run and nothing but that bookkeeping is there."""
+        root = Path(self.experiment_root)
+        if not root.exists():
+            made = next(folder for folder in (root, *root.parents) if folder.parent.exists())
+            atexit.register(self._forget_dry_run_folders, made, root)
+        return str(root)
+
+    def _forget_dry_run_folders(self, made: Path, root: Path) -> None:
+        if not getattr(self.workflow, "dryrun", False):
+            return
+        bookkeeping = root / ".snakemake"
+        kept = {made, *(folder for folder in root.parents if made in folder.parents), root, bookkeeping}
+        if all(path in kept or bookkeeping in path.parents for path in made.rglob("*")):
+            shutil.rmtree(made, ignore_errors=True)
+
     def plan(self, version: str) -> Plan:
         """The checked plan of one version (rlbuild/plan/versioning.py); stops on any violation or drift."""
         if version not in self._plans:
