@@ -513,7 +513,10 @@ class Graph:
             return
         bookkeeping = root / ".snakemake"
         kept = {made, *(folder for folder in root.parents if made in folder.parents), root, bookkeeping}
-        if all(path in kept or bookkeeping in path.parents for path in made.rglob("*")):
+        others = [path for path in made.rglob("*") if path not in kept and bookkeeping not in path.parents]
+        # A real run that started here meanwhile holds Snakemake's lock (a dry run takes none): leave it be.
+        locked = any((bookkeeping / "locks").glob("*"))
+        if not others and not locked:
             shutil.rmtree(made, ignore_errors=True)
 
     def plan(self, version: str) -> Plan:
