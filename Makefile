@@ -9,7 +9,8 @@ setup:
 	scripts/setup.sh --extra harbor
 
 # The main job on the embedded default: the whole graph (base model, staging, launch, train, export, eval)
-# on this machine's CPUs, then the Snakemake report.
+# on this machine's CPUs, then the Snakemake report, which opens on the results; its last lines say the held-out
+# accuracy before and after training and where the eval and the report are (rlbuild/ops/results.py).
 main: setup
 	snakemake --cores 2
 	snakemake --report $(CURDIR)/results/tiny-addition/report.html

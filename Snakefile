@@ -16,7 +16,7 @@ from rlbuild.workflow import (
     experiment_file,
     fail,
     hand_experiment_to_bundles,
-    report_where_typed,
+    report_with_results,
     rule_param,
     workflow_config,
 )
@@ -52,7 +52,7 @@ except RlbuildError as error:
 if CONFIG.allow_retrain:
     # An environment variable, not a rule param: params are provenance the run's config should not change.
     os.environ[ALLOW_RETRAIN] = "1"
-report_where_typed(workflow)
+report_with_results(workflow, GRAPH)
 GRAPH.hand_env_to_jobs(workflow)
 # The interpreter running Snakemake (locally, or inside a spawned job) runs the rule's command too. Rules take
 # these as `params` (`rule_param`: a path holding braces is not read as wildcards), and every value reaches the
@@ -63,7 +63,7 @@ EXPERIMENT = rule_param(str(EXPERIMENT_FILE))
 
 if not workflow.storage_settings.default_storage_provider:
 
-    workdir: GRAPH.experiment_root
+    workdir: GRAPH.working_directory()
 
 
 wildcard_constraints:

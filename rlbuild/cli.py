@@ -368,7 +368,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     record = derived_record(launch_record, "export")
     with tempfile.TemporaryDirectory(prefix="rlbuild-card-") as tmp:
         card = Path(tmp) / "README.md"
-        card_for_run(launch, args.model_record, args.data_record, record["identity"]).save(card)
+        card_for_run(launch, args.model_record, args.data_record, record["identity"], args.license).save(card)
         code = _trainer(
             "export", "--launch", args.launch, "--terminal", args.terminal, "--out", args.out, "--card", str(card)
         )
@@ -378,7 +378,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlbuild.stages.evaluation import run_eval
+    from rlbuild.stages.evaluation import CURVES, RESULTS, TABLE, accuracy_line, run_eval
 
     launch, launch_record = _verified_launch(args.launch, args.launch_record)
     verify_document(
@@ -389,8 +389,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     verify_document(_stored_record("export", launch.artifacts.export_root), MANIFEST, str(Path(args.model) / MANIFEST))
     out = Path(args.out)
     validation = sorted((Path(args.data) / "validation").glob("*.jsonl"))
-    run_eval(Path(args.model), validation, launch, out, k=args.k)
+    results = run_eval(Path(args.model), validation, launch, out, k=args.k)
     _write_record(Path(args.record), derived_record(launch_record, "eval"), args.out)
+    # The rule's log (logs/eval/v<version>.log) is this stream: what was measured and where it is.
+    print(f"rlbuild eval: {launch.run.name} v{launch.run.version}: {accuracy_line(results)}", file=sys.stderr)
+    for warning in results["training"]["warnings"]:
+        print(f"rlbuild eval: warning: {warning}", file=sys.stderr)
+    print(f"rlbuild eval: wrote {out / RESULTS}, {TABLE} and {CURVES} beside it", file=sys.stderr)
     return 0
 
 
@@ -426,7 +431,7 @@ def _experiment_args(parser: argparse.ArgumentParser) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     """The series report of one version: every arm side by side. The rule `compare` names each arm's launch
     document and eval results; a person names the version, and the arms are read from the storage root."""
-    from rlbuild.ops.compare import CompareError, read_arm, write_report
+    from rlbuild.ops.compare import CompareError, noise_words, read_arm, write_report
     from rlbuild.plan.series import series_keys
     from rlbuild.workflow import experiment_file, workflow_config
 
@@ -453,7 +458,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         out = Path(args.out or f"series-{experiment.name}-v{version}")
     report = write_report(experiment, [read_arm(*pair) for pair in pairs], out)
     for arm, found in report["arms"].items():
-        print(f"{arm:<16} accuracy {found['scores'].get('accuracy')}  GPU-h {found['gpu_hours']}  {found['key']}")
+        accuracy = found["scores"].get("accuracy")
+        shown = "—" if accuracy is None else f"{accuracy:.3f}"
+        delta = noise_words(found, report["base"])
+        print(f"{arm:<16} accuracy {shown}{f' ({delta})' if delta else ''}  GPU-h {found['gpu_hours']}  {found['key']}")
     print(f"rlbuild: series report in {out}/")
     return 0
 
@@ -638,6 +646,7 @@ def _delivery_commands(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--terminal", required=True)
     export.add_argument("--model-record", required=True, help="the staged model's record (sources for the card)")
     export.add_argument("--data-record", required=True, help="the staged data's record (sources for the card)")
+    export.add_argument("--license", required=True, help="the card's license: the experiment's `license:`")
     export.add_argument("--out", required=True)
     export.add_argument("--record", required=True)
     export.set_defaults(func=cmd_export)

@@ -349,17 +349,36 @@ class StorageSettingsError(RlbuildError):
     """The storage the run would use is not configured."""
 
 
-def report_where_typed(workflow: Any) -> None:
+def report_with_results(workflow: Any, graph: Graph) -> None:
     """`--report report.html` lands where the user typed it, not in the experiment root the Snakefile's `workdir:`
-    moves into (Snakemake resolves the report path only after that move)."""
+    moves into (Snakemake resolves the report path only after that move); it opens on the results of the versions
+    it reports (the report's global description), and the command ends saying them and where the report is
+    (rlbuild/ops/results.py)."""
     create_report = workflow.create_report
     typed_in = Path(workflow.workdir_init)
 
     def create(report_plugin: Any, report_settings: Any, global_report_settings: Any) -> Any:
+        import tempfile
+
+        from snakemake.sourcecache import infer_source_file
+
+        from rlbuild.ops.results import closing_lines, landing_text, read_outcome
+
         path = getattr(report_settings, "path", None)
         if path is not None and not Path(path).is_absolute():
             report_settings.path = typed_in / path
-        return create_report(report_plugin, report_settings, global_report_settings)
+        name, root = graph.experiment.name, graph.experiment_root
+        outcomes = [read_outcome(name, root, key) for key in graph.keys_asked()]
+        with tempfile.TemporaryDirectory(prefix="rlbuild-report-") as tmp:
+            landing = Path(tmp) / "results.rst"
+            landing.write_text(landing_text(outcomes))
+            workflow.report_text = infer_source_file(str(landing))
+            made = create_report(report_plugin, report_settings, global_report_settings)
+        # The rules' logs are relative to where the jobs ran: the experiment root, or here on remote storage.
+        logs = {o.key: str(log.resolve()) for o in outcomes if (log := Path(f"logs/eval/v{o.key}.log")).is_file()}
+        for line in closing_lines(outcomes, str(report_settings.path), logs):
+            print(line, file=sys.stderr)
+        return made
 
     workflow.create_report = create
 
@@ -501,6 +520,27 @@ class Graph:
     @property
     def experiment_root(self) -> str:
         return join(self.storage_root, self.experiment.name)
+
+    def working_directory(self) -> str:
+        """Where Snakemake works on local storage: the experiment root. Snakemake makes it (and `.snakemake/` in
+        it) as it parses; a dry run must leave no folder behind, so a root that did not exist is removed at exit,
+        with every folder made above it, when the run was a dry run and nothing but that bookkeeping is there."""
+        root = Path(self.experiment_root)
+        if not root.exists():
+            made = next(folder for folder in (root, *root.parents) if folder.parent.exists())
+            atexit.register(self._forget_dry_run_folders, made, root)
+        return str(root)
+
+    def _forget_dry_run_folders(self, made: Path, root: Path) -> None:
+        if not getattr(self.workflow, "dryrun", False):
+            return
+        bookkeeping = root / ".snakemake"
+        kept = {made, *(folder for folder in root.parents if made in folder.parents), root, bookkeeping}
+        others = [path for path in made.rglob("*") if path not in kept and bookkeeping not in path.parents]
+        # A real run that started here meanwhile holds Snakemake's lock (a dry run takes none): leave it be.
+        locked = any((bookkeeping / "locks").glob("*"))
+        if not others and not locked:
+            shutil.rmtree(made, ignore_errors=True)
 
     def plan(self, version: str) -> Plan:
         """The checked plan of one version (rlbuild/plan/versioning.py); stops on any violation or drift."""

@@ -17,7 +17,8 @@ rule export:
         "logs/export/v{version}.log",
     params:
         rlbuild=RLBUILD,
+        license=GRAPH.experiment.license,
     shell:
         "{params.rlbuild:q} export --launch {input.launch:q} --launch-record {input.record:q} "
         "--terminal {input.terminal:q} --model-record {input.model_record:q} --data-record {input.data_record:q} "
-        "--out {output.artifact:q} --record {output.record:q} 2> {log:q}"
+        "--license {params.license:q} --out {output.artifact:q} --record {output.record:q} 2> {log:q}"

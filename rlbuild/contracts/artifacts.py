@@ -29,6 +29,9 @@ ARM_SEPARATOR = "@"
 # The export's model (weights, config, tokenizer, generation config, card) sits in this folder of the export's
 # version folder; its manifest and Snakemake's marker sit beside it, so the model folder is exactly the model.
 EXPORT_MODEL = "model"
+# The export card's license where the experiment names none (`license:`): the Hub's "other", which the card
+# explains (the base model's and the data's terms apply).
+DEFAULT_LICENSE = "other"
 
 
 @dataclass(frozen=True)

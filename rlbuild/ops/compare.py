@@ -2,8 +2,13 @@
 
 What a team compares after a series of ablations, in one page: each arm's curves on shared axes (reward,
 held-out accuracy, KL, entropy, grad norm, tokens/s), the eval table with deltas against the base arm, what each
-arm changes in the experiment, and its wall time and GPU-hours (from the trainer's own clock, `perf/elapsed_s`).
-Each arm is read from its launch document (where its metrics are) and its eval's `results.json`.
+arm changes in the experiment (a key the experiment leaves out shown as its default), and its wall time and
+GPU-hours (from the trainer's own clock, `perf/elapsed_s`). Each arm is read from its launch document (where its
+metrics are) and its eval's `results.json`.
+
+An accuracy is a share of n validation prompts, so a difference of one prompt in twenty is sampling noise, not a
+finding: each delta carries the 95% interval of the difference (Newcombe's score interval, built from each arm's
+Wilson interval on its n prompts) and is marked within noise when that interval holds 0.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import base64
 import html
 import io
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,7 @@ PANELS = (
 )
 SCORES = ("accuracy", "pass_at_k")
 PAGE, CURVES, NUMBERS = "compare.html", "curves.png", "compare.json"  # in series/v{version}/
+Z_95 = 1.959964  # the standard normal quantile of a two-sided 95% interval
 
 
 class CompareError(RlbuildError):
@@ -87,11 +94,13 @@ def comparison(experiment: Experiment, runs: Sequence[ArmRun]) -> dict[str, Any]
             if name in base.results and run is not base
         }
         gpu_hours = used_gpu_hours(run.metrics, run.gpus)
+        noise = accuracy_noise(run.results, base.results) if run is not base else {}
         arms[run.arm] = {
             "key": run.key,
             "smoke": series.arms_of(experiment)[run.arm].smoke,
             "scores": scores,
             "delta_vs_base": deltas,
+            **noise,
             "changes": {f: [old, new] for f, (old, new) in series.changes(experiment, run.arm).items()},
             "steps": max((r["step"] for r in run.metrics), default=0),
             "gpus": run.gpus,
@@ -100,6 +109,48 @@ def comparison(experiment: Experiment, runs: Sequence[ArmRun]) -> dict[str, Any]
         }
     aliases = {a: alias for a in experiment.arms if (alias := series.alias_of(experiment, a)) is not None}
     return {"experiment": experiment.name, "base": base.arm, "arms": arms, "aliases": aliases}
+
+
+def wilson(share: float, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share measured on n trials."""
+    if n <= 0:
+        return 0.0, 1.0
+    z2 = Z_95 * Z_95
+    centre = (share + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_95 * math.sqrt(share * (1 - share) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def difference_interval(a: float, n_a: int, b: float, n_b: int) -> tuple[float, float]:
+    """The 95% interval of a - b, two shares on n_a and n_b trials: Newcombe's hybrid score interval (his method
+    10), from the Wilson interval of each; it stays inside [-1, 1] and is sound at 0 and 1, where a normal
+    approximation is not."""
+    low_a, high_a = wilson(a, n_a)
+    low_b, high_b = wilson(b, n_b)
+    delta = a - b
+    return delta - math.hypot(a - low_a, high_b - b), delta + math.hypot(high_a - a, b - low_b)
+
+
+def accuracy_noise(results: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The accuracy delta's 95% interval and whether it is within the eval's sampling noise (the interval holds 0),
+    from each eval's share and its number of prompts; {} where either lacks them."""
+    if not all(isinstance(r.get(k), int | float) for r in (results, base) for k in ("accuracy", "n")):
+        return {}
+    low, high = difference_interval(
+        float(results["accuracy"]), int(results["n"]), float(base["accuracy"]), int(base["n"])
+    )
+    interval = [round(low, 4), round(high, 4)]
+    return {"accuracy_delta_95": interval, "prompts": int(results["n"]), "within_noise": low <= 0 <= high}
+
+
+def noise_words(found: Mapping[str, Any], base: str) -> str:
+    """An arm's accuracy delta in words: its size, and whether the eval can tell it from noise."""
+    delta = found["delta_vs_base"].get("accuracy")
+    if delta is None or "within_noise" not in found:
+        return ""
+    low, high = found["accuracy_delta_95"]
+    verdict = "within the eval's sampling noise" if found["within_noise"] else "beyond the eval's sampling noise"
+    return f"{delta:+.3f} vs {base}, {verdict} (95% interval {low:+.2f} to {high:+.2f} on {found['prompts']} prompts)"
 
 
 def plot(runs: Sequence[ArmRun]) -> bytes:
@@ -137,13 +188,13 @@ def render_html(report: Mapping[str, Any], curves_png: bytes) -> str:
     head = ["arm", "accuracy", "pass@k", f"Δ accuracy vs {base}", "steps", "GPUs", "wall", "GPU-h", "changes"]
     rows = []
     for arm, found in report["arms"].items():
-        scores, deltas = found["scores"], found["delta_vs_base"]
+        scores = found["scores"]
         changes = "; ".join(f"{f}: {old!r} → {new!r}" for f, (old, new) in found["changes"].items()) or "—"
         cells = [
             arm + (" (smoke)" if found["smoke"] else ""),
             _number(scores.get("accuracy")),
             _number(scores.get("pass_at_k")),
-            "base" if arm == base else _signed(deltas.get("accuracy")),
+            "base" if arm == base else _delta_cell(found),
             str(found["steps"]),
             str(found["gpus"]),
             "—" if found["wall_s"] is None else clock(found["wall_s"]),
@@ -154,6 +205,11 @@ def render_html(report: Mapping[str, Any], curves_png: bytes) -> str:
     aliases = "".join(
         f"<p>{html.escape(a)} is the same experiment as {html.escape(b)}: one build.</p>"
         for a, b in report["aliases"].items()
+    )
+    aliases += (
+        "<p>Accuracy is a share of the validation prompts. A delta marked <em>within noise</em> is smaller than the "
+        "eval can tell apart: the 95% interval of the difference (Newcombe's, from each arm's Wilson interval on "
+        "its prompts) holds 0, so it says nothing about which arm is better.</p>"
     )
     image = base64.b64encode(curves_png).decode()
     return (
@@ -187,5 +243,11 @@ def _number(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _signed(value: float | None) -> str:
-    return "—" if value is None else f"{value:+.3f}"
+def _delta_cell(found: Mapping[str, Any]) -> str:
+    delta = found["delta_vs_base"].get("accuracy")
+    if delta is None:
+        return "—"
+    if "within_noise" not in found:
+        return f"{delta:+.3f}"
+    low, high = found["accuracy_delta_95"]
+    return f"{delta:+.3f} ({'within noise' if found['within_noise'] else 'beyond noise'}: {low:+.2f} to {high:+.2f})"

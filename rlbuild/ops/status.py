@@ -128,7 +128,7 @@ def gather(
     inventory.list_ahead()  # while the leases are listed
     leases, breaks = leases_and_breaks(root)
     keys = series.expand(experiment, versions)  # a series' version: each of its arms
-    read_ahead(inventory, keys, documents=True)
+    read_ahead(inventory, keys)
     found: Entry = {}
     for version in keys:
         try:

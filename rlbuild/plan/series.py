@@ -19,7 +19,7 @@ from typing import Any
 
 from rlbuild.contracts.artifacts import arm_key, arm_of, version_of
 from rlbuild.core.errors import PreflightError, Violation
-from rlbuild.plan.identity import field_diff
+from rlbuild.plan.identity import field_diff, recipe_defaults
 from rlbuild.plan.preflight import check_experiment, parse_experiment
 from rlbuild.plan.spec import Experiment, check_version
 
@@ -209,9 +209,19 @@ def base_arm(experiment: Experiment) -> str:
 
 
 def changes(experiment: Experiment, arm: str) -> dict[str, tuple[Any, Any]]:
-    """What the arm changes against the experiment itself, by field: (the experiment's value, the arm's)."""
+    """What the arm changes against the experiment itself, by field: (the experiment's value, the arm's). A recipe
+    key one side leaves out holds the schema's default (kl_loss_coef 0.04, not None); an arm that writes out the
+    default changes nothing."""
     merged = arms_of(experiment)[arm].experiment
-    return {} if merged is None else field_diff(_document(experiment), _document(merged))
+    if merged is None:
+        return {}
+    defaults = recipe_defaults()
+    found: dict[str, tuple[Any, Any]] = {}
+    for name, values in field_diff(_document(experiment), _document(merged)).items():
+        old, new = (defaults.get(name) if value is None else value for value in values)
+        if old != new:
+            found[name] = (old, new)
+    return found
 
 
 def describe_changes(experiment: Experiment, arm: str) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from rlbuild.contracts.artifacts import DEFAULT_LICENSE
 from rlbuild.contracts.launch import PINNED_SIF
 from rlbuild.contracts.recipe import SandboxBackend
 from rlbuild.core.errors import Violation, quote
@@ -301,6 +302,7 @@ class JobSize(StrictModel):
 
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 HUB_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")  # the Hub's license ids: apache-2.0, cc-by-nc-4.0, llama3.1
 
 
 class Publish(StrictModel):
@@ -399,6 +401,14 @@ class Experiment(StrictModel):
     retention: Retention
     recipe: dict[str, Any] = Field(default_factory=dict)
     execution: Execution = Field(default_factory=Execution)
+    # It describes the export, it does not make it: not identity-bearing (a completed version keeps the card it
+    # was exported with; `snakemake --forcerun export` writes the new one).
+    license: str = Field(
+        DEFAULT_LICENSE,
+        max_length=64,
+        description=f"the exported model's license, a Hub license id (e.g. apache-2.0, mit) in its card; default "
+        f"{DEFAULT_LICENSE!r}: the card says the base model's and the data's terms apply",
+    )
     arms: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         max_length=MAX_ARMS,
@@ -407,6 +417,16 @@ class Experiment(StrictModel):
     )
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, protected_namespaces=())
+
+    @field_validator("license")
+    @classmethod
+    def _license(cls, value: str) -> str:
+        if not LICENSE_ID.match(value):
+            raise ValueError(
+                f"{value!r} is not a Hub license id; write one in lower case, e.g. apache-2.0, mit, llama3.1, or "
+                f"leave it out ({DEFAULT_LICENSE!r})"
+            )
+        return value
 
     @field_validator("arms")
     @classmethod

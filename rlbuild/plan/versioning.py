@@ -77,15 +77,15 @@ class StoredRecords:
             text = texts[uri]
             check_document(record, name, uri, None if text is None else text.encode("utf-8"))
 
-    def corrupt(self) -> dict[str, str]:
-        """{kind: why} for every stored record, or control document it describes, that changed after it was
-        written (`rlbuild status` shows them `corrupt`)."""
-        found: dict[str, str] = {}
+    def corrupt(self) -> dict[str, CorruptDocumentError]:
+        """{kind: the error} for every stored record, or control document it describes, that changed after it was
+        written (`rlbuild status` shows them `corrupt`; the checks of a fixed version refuse them)."""
+        found: dict[str, CorruptDocumentError] = {}
         for kind in self.plan.records:
             try:
                 self.verify_documents(kind)
             except CorruptDocumentError as error:
-                found[kind] = str(error)
+                found[kind] = error
         return found
 
     def complete(self, kind: str) -> bool:
@@ -93,16 +93,17 @@ class StoredRecords:
         return self.read(kind) is not None
 
 
-def read_ahead(inventory: Inventory, keys: list[str], *, documents: bool = False) -> None:
+def read_ahead(inventory: Inventory, keys: list[str]) -> None:
     """Read at once, concurrently, what the checks of these version keys read from storage in the common case:
-    every artifact's record, the staged model's config.json and the training's metrics (`documents`: every
-    control document too, as status verifies them). Each version's checks then find them read; asked version by
-    version they would be one round trip after another (350 for 50 versions on a fresh machine). What the
-    listings show absent costs no request; anything else a check needs it reads as it asks."""
+    every artifact's record and the control documents it describes (status and the checks of a fixed version
+    verify them), the staged model's config.json and the training's metrics. Each version's checks then find
+    them read; asked version by version they would be one round trip after another (350 for 50 versions on a
+    fresh machine). What the listings show absent costs no request; anything else a check needs it reads as it
+    asks."""
     names: list[str] = []
     for key in keys:
         for a in ARTIFACTS:
-            names += [a.record(key), *(a.file(key, name) for name in a.documents if documents)]
+            names += [a.record(key), *(a.file(key, name) for name in a.documents)]
         names += [f"{artifact('stage_model').path(key)}/config.json", artifact("train").file(key, METRICS_NAME)]
     uris = [join(inventory.root, name) for name in dict.fromkeys(names)]
     inventory.read_texts([uri for uri in uris if inventory.listed(uri)])
@@ -217,6 +218,8 @@ def checked_plan(
     plan = resolve(experiment, version, storage_root, source=source, shares_venv=shares_venv)
     stored = StoredRecords(plan, inventory)
     check_drift(version, plan.records, stored.read)
+    if not is_mutable(version):
+        _refuse_corrupt(source, stored)
     if not stored.complete("train"):
         stored.verify_documents("launch")  # the training will read it: an edited one trains something else
         ckpts = plan.uri(plan.temporary.checkpoints)
@@ -236,6 +239,18 @@ def checked_plan(
         if problems:
             raise PreflightError(f"{source} (step time measured in an earlier run)", problems)
     return plan
+
+
+def _refuse_corrupt(source: str, stored: StoredRecords) -> None:
+    """A fixed version is built once: a control document of a completed artifact that no longer matches its
+    record (a hand-edited launch.yaml) would make Snakemake's mtime trigger rebuild, or quietly keep, something
+    else than the records say. Every such file, at once, as `rlbuild status` names it `corrupt`."""
+    corrupt = stored.corrupt()
+    if corrupt:
+        raise PreflightError(
+            f"{source} (what storage holds for version {stored.plan.version})",
+            [Violation(kind, f"{e.where} is corrupt: {e.problem}", e.fix) for kind, e in corrupt.items()],
+        )
 
 
 def plan_cost(experiment: Experiment, plan: Plan, inventory: Inventory) -> Cost:

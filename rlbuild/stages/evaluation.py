@@ -71,6 +71,13 @@ def _series(records: Iterable[Mapping[str, Any]], field: str) -> tuple[list[floa
     return steps, values
 
 
+def base_accuracy(records: Iterable[Mapping[str, Any]]) -> float | None:
+    """The base model's held-out accuracy: the trainer's eval at step 0, before the first update, with the eval
+    stage's scorer (`trainer.eval_before_train`); None where it was not measured."""
+    steps, values = _series(records, "eval/accuracy")
+    return values[0] if steps and steps[0] == 0 else None
+
+
 def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int, warn_after: int) -> dict[str, Any]:
     """First/last/max reward, last/best held-out accuracy, the last train accuracy, and warnings a reader must not
     miss.
@@ -91,6 +98,8 @@ def training_summary(records: Sequence[Mapping[str, Any]], unreadable: int, warn
     if accuracies:
         best = max(range(len(accuracies)), key=accuracies.__getitem__)
         summary["eval_accuracy"] = {"last": accuracies[-1], "best": accuracies[best], "best_step": eval_steps[best]}
+        if (before := base_accuracy(records)) is not None:
+            summary["eval_accuracy"]["before_training"] = before
     if train_accuracies:
         summary["train_accuracy"] = {"last": train_accuracies[-1]}
     if accuracies and train_accuracies and train_accuracies[-1] - accuracies[-1] >= MEMORISATION_GAP:
@@ -191,9 +200,31 @@ def _accuracy_panel(ax: Any, records: Sequence[Mapping[str, Any]], accuracy: flo
     return shown
 
 
-def table_html(results: Mapping[str, Any], trajectories: Sequence[Mapping[str, Any]] = ()) -> str:
+def before_training(results: Mapping[str, Any]) -> float | None:
+    """The base model's held-out accuracy, scored by the trainer before its first step with the eval stage's scorer
+    (None where `trainer.eval_before_train` was off)."""
+    return (results["training"].get("eval_accuracy") or {}).get("before_training")
+
+
+def accuracy_line(results: Mapping[str, Any]) -> str:
+    """The result in one line: held-out greedy accuracy before and after training, on how many prompts."""
+    before = before_training(results)
+    after = f"{results['accuracy']:.3f}"
+    scored = f"on {results['n']} validation prompts (pass@{results['k']} {results['pass_at_k']:.3f})"
+    if before is None:
+        return (
+            f"held-out greedy accuracy {after} after training {scored}; before training not measured "
+            "(recipe.trainer.eval_before_train is off)"
+        )
+    return f"held-out greedy accuracy {before:.3f} before training -> {after} after, {scored}"
+
+
+def table_rows(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The eval table, row by row (results.html, and the report's first page)."""
+    before = before_training(results)
     rows = [
         ("accuracy (greedy)", f"{results['accuracy']:.4f}"),
+        *([("accuracy before training (step 0)", f"{before:.4f}")] if before is not None else []),
         (f"pass@{results['k']}", f"{results['pass_at_k']:.4f}"),
         ("validation prompts", str(results["n"])),
         ("seed", str(results["seed"])),
@@ -220,7 +251,11 @@ def table_html(results: Mapping[str, Any], trajectories: Sequence[Mapping[str, A
             k.removeprefix("ended_").removesuffix("_frac"): v for k, v in episodes.items() if k.startswith("ended_")
         }
         rows.append(("episodes ended by", ", ".join(f"{how} {share:.2f}" for how, share in ended.items() if share)))
-    rows += [("warning", warning) for warning in training["warnings"]]
+    return rows + [("warning", warning) for warning in training["warnings"]]
+
+
+def table_html(results: Mapping[str, Any], trajectories: Sequence[Mapping[str, Any]] = ()) -> str:
+    rows = table_rows(results)
     body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>eval results</title>"

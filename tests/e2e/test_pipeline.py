@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,15 +149,42 @@ def test_the_export_is_a_publishable_model_with_its_card(pipeline: Pipeline) -> 
     # The trainer's held-out score at the terminal step is the eval stage's greedy accuracy: the same scorer.
     results = json.loads((root / "eval" / f"v{VERSION}" / "results.json").read_text())
     assert result.metric_value == results["accuracy"]
+    # `ref_num_nodes: 0` with colocate_all: the reference lives in the policy's workers; no `license:`: the default,
+    # said so; the base model's accuracy is the step-0 eval; the quick start asks the first held-out prompt.
+    assert "GPU(s), the reference in the policy's workers, on their GPUs, 1 engine(s)" in card.text
+    assert data.license == "other" and "`other`: the default, as the experiment names no `license:`" in card.text
+    assert f"the base model, before training: {metrics[0]['eval/accuracy']:.3f} (step 0)" in card.text
+    first = json.loads((root / "stage" / "data" / f"v{VERSION}" / "validation" / "0.jsonl").open().readline())
+    assert f"inputs = tokenizer({first['prompt']!r}, return_tensors=" in card.text
 
 
 def test_report_lands_where_it_was_typed_with_the_plot_the_eval_table_and_the_plan(pipeline: Pipeline) -> None:
+    """`make main`'s last step: the report opens on the results (its first page: the accuracy before and after
+    training, the curves, the eval table, the plan), and the command ends saying them and where everything is."""
     result = pipeline.run("--report", "report.html")  # relative to where snakemake runs, not the experiment root
     assert result.returncode == 0, result.stderr[-3000:]
     html = (pipeline.folder / "report.html").read_text()
     for name in ("curves.png", "results.html", "plan.txt"):
         assert name in html
     assert not (pipeline.root / "report.html").exists()
+    results = json.loads((pipeline.root / "eval" / f"v{VERSION}" / "results.json").read_text())
+    metrics = [json.loads(line) for line in (pipeline.root / "train" / f"v{VERSION}" / "metrics.jsonl").open()]
+    before = metrics[0]["eval/accuracy"]  # the trainer's step-0 eval: the base model, measured
+    assert metrics[0]["step"] == 0 and results["training"]["eval_accuracy"]["before_training"] == before
+    said = f"held-out greedy accuracy {before:.3f} before training -> {results['accuracy']:.3f} after, on "
+    log = (pipeline.root / "logs" / "eval" / f"v{VERSION}.log").read_text()
+    assert f"rlbuild eval: tiny-addition v{VERSION}: {said}" in log, log
+    last = result.stderr.rstrip().splitlines()[-3:]
+    assert last[0].startswith(f"rlbuild: tiny-addition v{VERSION}: {said}"), last
+    eval_log = pipeline.root / "logs" / "eval" / f"v{VERSION}.log"
+    assert last[1] == f"rlbuild:   eval    {pipeline.root}/eval/v{VERSION}/results.json (its log: {eval_log})", last
+    assert last[2] == f"rlbuild:   report  {pipeline.folder / 'report.html'}", last
+    first_page = json.loads(re.search(r"var workflow_desc = (\".*?\");\n", html).group(1))
+    shown = [
+        first_page.index(text)
+        for text in (said.replace(">", "&gt;"), "data:image/png;base64,", "accuracy before training")
+    ]
+    assert shown == sorted(shown) and "rlbuild plan: tiny-addition" in first_page.replace("&#64;", "@"), first_page
 
 
 def test_nothing_to_do_when_everything_is_built(pipeline: Pipeline) -> None:
@@ -434,9 +462,10 @@ def _assert_status_shows_corrupt(pipeline: Pipeline, kind: str, name: str) -> No
 def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(pipeline: Pipeline) -> None:
     """Last in the module: the refused stages leave export and eval to be built again.
 
-    Records (one byte of a field) are refused by the dry run; the launch document and the run's metrics by the
-    eval that reads them, terminal.json by the export (each edit keeps the file's mtime, as a hand edit with
-    `touch -r` or a bit flip would)."""
+    Each edit keeps the file's mtime, as a hand edit with `touch -r` or a bit flip would. The dry run and
+    `rlbuild check` of the completed fixed version refuse every one, naming the file and the way out, as status
+    names it corrupt; the stage that reads the document refuses it too (eval the launch document and the run's
+    metrics, export terminal.json)."""
     root = pipeline.root
     for kind in ("launch", "train", "export"):
         record = root / f"{kind}/v{VERSION}.identity.json"
@@ -459,10 +488,37 @@ def test_every_edited_control_document_is_refused_by_the_next_reader_naming_it(p
         original = _edit_in_place(document, old, new)
         try:
             _assert_status_shows_corrupt(pipeline, name.split("/")[0], name)
-            result = pipeline.run("--forcerun", rule, targets=(f"eval/v{VERSION}/results.json",))
-            log = (root / "logs" / rule / f"v{VERSION}.log").read_text()
-            assert result.returncode != 0, log
-            assert f"{name} is corrupt: its sha256 is" in log and "its record says" in log, log[-2000:]
-            assert "Traceback" not in log
+            dry = pipeline.run("-n", targets=(f"eval/v{VERSION}/results.json",))
+            assert dry.returncode != 0, dry.stdout[-2000:]
+            assert f"{name} is corrupt: its sha256 is" in dry.stderr and "its record says" in dry.stderr, dry.stderr
+            assert "restore it, or delete the artifact's record" in dry.stderr and "Traceback" not in dry.stderr
+            if rule == "eval":  # `rlbuild check` refuses as the dry run does: bad input, exit 2
+                check = _rlbuild(
+                    "check", str(pipeline.experiment), "--version", VERSION, "--storage-root", str(pipeline.storage)
+                )
+                assert check.returncode == 2 and f"{name} is corrupt: its sha256 is" in check.stderr, check.stderr
+            refused = _next_reader(pipeline, rule)
+            assert refused.returncode != 0 and f"{name} is corrupt: its sha256 is" in refused.stderr, refused.stderr
+            assert "Traceback" not in refused.stderr
         finally:
             _restore(document, original)
+
+
+def _rlbuild(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlbuild", *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO
+    )
+
+
+def _next_reader(pipeline: Pipeline, rule: str) -> subprocess.CompletedProcess[str]:
+    """The rule's own command, as its shell runs it, writing into a scratch folder (the graph refuses earlier)."""
+    root, scratch = pipeline.root, pipeline.folder / f"next-{rule}"
+    launch = ["--launch", str(root / f"launch/v{VERSION}/launch.yaml")]
+    launch += ["--launch-record", str(root / f"launch/v{VERSION}.identity.json")]
+    if rule == "eval":
+        inputs = ["--model", str(root / f"export/v{VERSION}"), "--data", str(root / f"stage/data/v{VERSION}")]
+    else:
+        inputs = ["--terminal", str(root / f"train/v{VERSION}/terminal.json")]
+        inputs += ["--model-record", str(root / f"stage/model/v{VERSION}.identity.json")]
+        inputs += ["--data-record", str(root / f"stage/data/v{VERSION}.identity.json"), "--license", "other"]
+    return _rlbuild(rule, *launch, *inputs, "--out", str(scratch / "out"), "--record", str(scratch / "record.json"))

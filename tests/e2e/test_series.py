@@ -82,7 +82,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline, str]:
     }
     text = plan.stdout + plan.stderr
     assert "the same build, no job of its own: base-again = base" in text
-    assert "kl-low: changes recipe.trainer.algorithm.kl_loss_coef None -> 0.001" in text
+    assert "kl-low: changes recipe.trainer.algorithm.kl_loss_coef 0.04 -> 0.001" in text  # the default, as a value
     # Without the smoke's gate a single arm's training is one train job; with it, the smoke's comes first.
     gated = ran(pipe.run("-n", targets=(f"train/v{key('base')}/terminal.json",)))
     free = ran(pipe.run("-n", targets=(f"train/v{key('base')}/terminal.json",), config=("skip_smoke=true",)))
@@ -119,7 +119,7 @@ def test_the_series_report_shows_every_arm(built: tuple[Pipeline, str]) -> None:
     assert list(report["arms"]) == list(BUILT) and report["base"] == "base"
     assert report["aliases"] == {"base-again": "base"}
     kl = report["arms"]["kl-low"]
-    assert kl["changes"] == {"recipe.trainer.algorithm.kl_loss_coef": [None, 0.001]}
+    assert kl["changes"] == {"recipe.trainer.algorithm.kl_loss_coef": [0.04, 0.001]}
     assert kl["delta_vs_base"]["accuracy"] == pytest.approx(
         kl["scores"]["accuracy"] - report["arms"]["base"]["scores"]["accuracy"]
     )
@@ -135,6 +135,18 @@ def test_the_series_report_shows_every_arm(built: tuple[Pipeline, str]) -> None:
     )
     assert made.returncode == 0, made.stderr[-2000:]
     assert json.loads((out / "compare.json").read_text()) == report
+    # Every delta against the base arm says, in words, whether the eval's prompts can tell it from noise.
+    lines = {words[0]: line for line in made.stdout.splitlines() if (words := line.split()) and words[0] in BUILT}
+    for arm in BUILT:
+        found = report["arms"][arm]
+        if arm == "base":
+            assert "vs base" not in lines[arm] and "within_noise" not in found
+            continue
+        words = "within the eval's sampling noise" if found["within_noise"] else "beyond the eval's sampling noise"
+        low, high = found["accuracy_delta_95"]
+        assert low <= found["delta_vs_base"]["accuracy"] <= high and found["prompts"] == kl["prompts"] > 0
+        assert f"{found['delta_vs_base']['accuracy']:+.3f} vs base, {words} (95% interval" in lines[arm], lines[arm]
+    assert "within noise" in page or "beyond noise" in page
 
 
 def test_the_dry_run_of_the_built_series_costs_each_arm_from_its_measured_run(built: tuple[Pipeline, str]) -> None:

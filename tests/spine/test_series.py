@@ -36,8 +36,14 @@ def test_arms_are_keyed_smoke_first_and_an_identical_arm_is_its_twin() -> None:
     assert series.series_keys(exp, VERSION) == [f"{VERSION}@{a}" for a in ("smoke", "base", "kl-low", "seed-7")]
     assert series.alias_of(exp, "twin") == "base"
     assert series.alias_of(exp, "smoke") is None  # a smoke is never the full run's build, whatever it changes
-    assert series.changes(exp, "kl-low") == {"recipe.trainer.algorithm.kl_loss_coef": (None, 0.01)}
+    # A key the experiment leaves out holds the schema's default: a value, not None; writing the default is no change.
+    assert series.changes(exp, "kl-low") == {"recipe.trainer.algorithm.kl_loss_coef": (0.04, 0.01)}
     assert series.changes(exp, "seed-7") == {"seed": (42, 7)}
+    spelled = _series({"base": {}, "same": {"recipe": {"trainer": {"algorithm": {"kl_loss_coef": 0.04}}}}})
+    assert series.changes(spelled, "same") == {}
+    assert "kl-low: changes recipe.trainer.algorithm.kl_loss_coef 0.04 -> 0.01" in "\n".join(
+        series.plan_lines(exp, f"{VERSION}@kl-low")
+    )
     problems = series.key_problems(exp, f"{VERSION}@twin")
     assert _fields(problems) == ["version"] and f"{VERSION}@base" in problems[0].fix
     unknown = series.key_problems(exp, f"{VERSION}@kl-hi")
@@ -177,3 +183,30 @@ def test_the_plans_cost_comes_from_the_arms_own_run_else_the_smoke_else_a_declar
     declared = _series({"base": {}}, execution__step_time_s=3.0)
     cost = plan_cost(declared, resolve(declared, key, str(tmp_path / "x")), Inventory(str(tmp_path / "x")))
     assert cost.wall_s == pytest.approx(steps * 3.0) and "execution.step_time_s" in cost.source
+
+
+def test_a_comparison_marks_a_delta_within_the_evals_sampling_noise_and_says_so() -> None:
+    """One prompt in twenty (-0.05) is noise; 0.9 against 0.3 on 200 prompts is not. The interval is Newcombe's
+    from each arm's Wilson interval (published value for 0.30 vs 0.35 on 20 each: about -0.32 to +0.23)."""
+    from rlbuild.ops.compare import ArmRun, comparison, difference_interval, noise_words, render_html, wilson
+
+    assert wilson(0.0, 20)[0] == 0.0 and 0.0 < wilson(0.0, 20)[1] < 0.17  # sound at 0, where p(1-p)/n is 0
+    low, high = difference_interval(0.30, 20, 0.35, 20)
+    assert (round(low, 2), round(high, 2)) == (-0.32, 0.23)
+    exp = _series({"base": {}, "kl-low": KL_LOW, "seed-7": {"seed": 7}})
+
+    def run(arm: str, accuracy: float, n: int) -> ArmRun:
+        results = {"accuracy": accuracy, "pass_at_k": 0.5, "n": n}
+        return ArmRun(arm, f"{VERSION}@{arm}", [{"step": 1, "perf/elapsed_s": 3.0}], results, 1)
+
+    report = comparison(exp, [run("base", 0.35, 20), run("kl-low", 0.30, 20), run("seed-7", 0.9, 200)])
+    kl, seed = report["arms"]["kl-low"], report["arms"]["seed-7"]
+    assert kl["within_noise"] is True and kl["prompts"] == 20 and kl["accuracy_delta_95"] == [-0.3165, 0.2265]
+    assert kl["changes"] == {"recipe.trainer.algorithm.kl_loss_coef": [0.04, 0.01]}  # the default, as a value
+    assert noise_words(kl, "base") == (
+        "-0.050 vs base, within the eval's sampling noise (95% interval -0.32 to +0.23 on 20 prompts)"
+    )
+    assert seed["within_noise"] is False and "beyond the eval's sampling noise" in noise_words(seed, "base")
+    assert "within_noise" not in report["arms"]["base"] and noise_words(report["arms"]["base"], "base") == ""
+    page = render_html(report, b"")
+    assert "<td>-0.050 (within noise: -0.32 to +0.23)</td>" in page and "says nothing about which arm" in page

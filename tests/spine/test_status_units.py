@@ -433,3 +433,22 @@ def test_status_verify_reads_the_final_checkpoints_shards_and_names_a_flipped_on
     verified = version_status(built.plan, {}, ["train"], Options(verify=True), time.time())
     assert verified["train"]["state"] == "corrupt", verified
     assert re.search(r"sharded/__0_0\.distcp: sha256 .*resume from another checkpoint", verified["train"]["verdict"])
+
+
+def test_the_checks_of_a_fixed_version_refuse_every_document_status_names_corrupt_at_once(built: Built) -> None:
+    """`rlbuild check` and the dry run (both `checked_plan`) refuse what status shows `corrupt`, by the same
+    verification (`StoredRecords.corrupt`): every edited document at once, each naming its file and the fix."""
+    from rlbuild.plan.spec import NodeLimits
+    from rlbuild.plan.versioning import check_all
+
+    edited = [built.plan.uri(artifact(kind).path(VERSION)) for kind in ("launch", "eval")]
+    for uri in edited:
+        storage.write_text(uri, "edited: by hand\n")
+    root = built.plan.experiment_root.rsplit("/", 1)[0]
+    _, problems, _ = check_all(load_experiment(EXPERIMENT), [VERSION], root, "x.yaml", NodeLimits(None, None, None))
+    assert [p.field for p in problems] == ["launch", "eval"], problems
+    for uri, problem in zip(edited, problems, strict=True):
+        assert problem.message.startswith(f"{uri} is corrupt: its sha256 is"), problem
+        assert "restore it, or delete the artifact's record" in problem.fix
+    entries = built.status()
+    assert [entries[kind]["state"] for kind in ("launch", "eval")] == ["corrupt", "corrupt"]

@@ -16,11 +16,14 @@ from rlbuild.contracts.rows import RowError
 from rlbuild.dev.launches import base_model_dir, write_test_launch
 from rlbuild.stages.evaluation import (
     EvalError,
+    accuracy_line,
     axis_limits,
     example_trajectories,
     plot_curves,
     run_eval,
     table_html,
+    table_rows,
+    training_summary,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -191,3 +194,47 @@ def test_an_agent_runs_report_shows_turns_and_three_example_episodes(tmp_path: P
     records = [{"step": s, "reward/mean": s / 4, "episode/turns_mean": 1 + s / 4} for s in range(1, 5)]
     plot_curves(records, 0.5, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_the_base_models_score_before_training_is_the_step_0_eval_and_the_report_opens_on_it(tmp_path: Path) -> None:
+    """The accuracy before training is a measurement (the trainer's step-0 eval with the eval stage's scorer),
+    never a guess: without one the line says it was not measured. The report's first page carries the line,
+    the curves, the eval table and the plan; the report step's last lines name the eval and the report."""
+    from docutils.core import publish_parts
+
+    from rlbuild.core import storage
+    from rlbuild.ops.results import closing_lines, landing_text, read_outcome
+
+    records = [
+        {"step": 0, "eval/accuracy": 0.05},
+        {"step": 2, "eval/accuracy": 0.3},
+        {"step": 4, "eval/accuracy": 0.35},
+    ]
+    summary = training_summary(records, 0, 0)
+    assert summary["eval_accuracy"] == {"last": 0.35, "best": 0.35, "best_step": 4.0, "before_training": 0.05}
+    results = {"accuracy": 0.35, "pass_at_k": 0.6, "k": 4, "n": 20, "seed": 42, "training": summary}
+    assert accuracy_line(results) == (
+        "held-out greedy accuracy 0.050 before training -> 0.350 after, on 20 validation prompts (pass@4 0.600)"
+    )
+    assert ("accuracy before training (step 0)", "0.0500") in table_rows(results)
+    unmeasured = results | {"training": training_summary(records[1:], 0, 0)}
+    assert "before training not measured (recipe.trainer.eval_before_train is off)" in accuracy_line(unmeasured)
+
+    root = str(tmp_path / "tiny")
+    storage.write_text(f"{root}/eval/v1/results.json", json.dumps(results))
+    storage.write_bytes(f"{root}/eval/v1/curves.png", PNG_SIGNATURE + bytes(range(256)) * 80)  # lines > 10,000
+    storage.write_text(f"{root}/launch/v1/plan.txt", "rlbuild plan: tiny @ 1 (immutable)\n  terminal stage eval\n")
+    outcomes = [read_outcome("tiny", root, "1"), read_outcome("tiny", root, "2")]
+    page = publish_parts(landing_text(outcomes).split("\n", 1)[1].rsplit("{% endraw %}", 1)[0], writer="html")
+    body = page["html_body"]
+    assert body.index("0.050 before training -&gt; 0.350 after") < body.index("data:image/png;base64,")
+    assert body.index("data:image/png;base64,") < body.index("accuracy before training (step 0)")
+    assert "rlbuild plan: tiny &#64; 1 (immutable)" in body and "tiny v2: not evaluated (build eval/v2)" in body
+    assert "System Message" not in body  # valid reStructuredText, every value escaped
+    lines = closing_lines(outcomes, "/r/report.html", {"1": "/r/logs/eval/v1.log"})
+    assert lines == [
+        f"rlbuild: tiny v1: {accuracy_line(results)}",
+        f"rlbuild:   eval    {root}/eval/v1/results.json (its log: /r/logs/eval/v1.log)",
+        "rlbuild: tiny v2: not evaluated (build eval/v2)",
+        "rlbuild:   report  /r/report.html",
+    ]

@@ -20,14 +20,14 @@ from huggingface_hub import ModelCard
 from rlbuild.contracts.artifacts import EXPORT_MODEL
 from rlbuild.contracts.launch import LaunchDocument, load_launch
 from rlbuild.contracts.manifest import ManifestMismatchError, write_manifest
-from rlbuild.contracts.recipe import EnvironmentSection
+from rlbuild.contracts.recipe import EnvironmentSection, Recipe
 from rlbuild.core.errors import PreflightError
 from rlbuild.dev.launches import base_model_dir, experiment_document, write_test_launch
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.spec import NodeLimits
 from rlbuild.plan.versioning import experiment_problems
 from rlbuild.stages import publish as stage
-from rlbuild.stages.modelcard import TAGS, build_card, gpu_hours
+from rlbuild.stages.modelcard import TAGS, CardFacts, build_card, first_prompt, gpu_hours, reference_placement
 from tests.conftest import EXPERIMENTS, run_snakemake
 from tests.spine.test_graph import job_counts
 
@@ -203,3 +203,46 @@ def test_the_graph_publishes_only_where_the_experiment_says_and_refuses_without_
     assert job_counts(planned.stdout + planned.stderr)["publish"] == 1
     default = run_snakemake(["-n", "--config", f"storage_root={tmp_path / 'default'}"], cwd=tmp_path)
     assert "publish" not in job_counts(default.stdout + default.stderr)  # off by default
+
+
+def test_the_card_says_where_the_reference_is_its_license_both_accuracies_and_asks_a_validation_prompt(
+    tmp_path: Path, launch: LaunchDocument
+) -> None:
+    facts = CardFacts("apache-2.0", 'What is 3+4?\nAnswer: "')
+    build_card(launch, MODEL_RECORD, DATA_RECORD, METRICS, facts=facts).save(tmp_path / "README.md")
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.license == "apache-2.0" and "`apache-2.0`, as the experiment file's `license:` says" in card.text
+    assert (
+        "- success: it answers 0.600 of held-out prompts right (greedy, step 2); the base model, before training: "
+        "0.100 (step 0)" in card.text
+    )
+    assert "held-out greedy accuracy of the base model (step 0, before training): 0.100" in card.text
+    asked = next(line for line in card.text.splitlines() if line.startswith("inputs = tokenizer("))
+    assert eval(asked.split("(", 1)[1].split(", return_tensors")[0]) == facts.prompt  # a valid Python literal
+    unscored = build_card(launch, MODEL_RECORD, DATA_RECORD, METRICS[1:])
+    assert unscored.data.license == "other" and "`other`: the default, as the experiment names no `license:`" in (
+        unscored.text
+    )
+    assert "the base model was not scored before training (trainer.eval_before_train is off)" in unscored.text
+    assert "the base model, before training" not in unscored.text and "<a prompt" not in unscored.text
+    staged = [entry.uri for entry in launch.inputs.validation_data]
+    assert first_prompt(staged) == json.loads(Path(staged[0]).read_text().splitlines()[0])["prompt"]
+
+    def placed(trainer: dict[str, Any]) -> str:
+        return reference_placement(Recipe.model_validate({"trainer": trainer}))
+
+    assert placed({}) == "the reference in the policy's workers, on their GPUs"  # `ref_num_nodes: 0`, colocated
+    assert placed({"algorithm": {"use_kl_loss": False}}) == "no reference model (no KL term)"
+    apart = {"colocate_all": False, "colocate_policy_ref": False, "ref_num_nodes": 2, "ref_num_gpus_per_node": 8}
+    assert placed({"placement": apart}) == "the reference on 2 node(s) x 8 GPU(s) of its own"
+    assert reference_placement(launch.recipe) in card.text
+
+
+def test_a_license_is_a_hub_license_id() -> None:
+    shipped = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+    with pytest.raises(PreflightError) as error:
+        parse_experiment(shipped | {"license": "Apache 2"}, "test experiment")
+    (violation,) = error.value.violations
+    assert violation.field == "license" and "'Apache 2' is not a Hub license id" in violation.message
+    assert parse_experiment(shipped | {"license": "mit"}, "x").license == "mit"
+    assert parse_experiment(shipped, "x").license == "other"  # the default, which the card explains
