@@ -6,6 +6,7 @@ Structural problems (types, unknown keys, missing fields) are collected all at o
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from datetime import date
@@ -302,7 +303,20 @@ class JobSize(StrictModel):
 
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 HUB_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-LICENSE_ID = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")  # the Hub's license ids: apache-2.0, cc-by-nc-4.0, llama3.1
+# The license ids the Hub accepts in a card's metadata (huggingface.co/docs/hub/repositories-licenses, read
+# 2026-12): the Hub refuses a card whose `license` is not one of them, so a typo here would fail the publish after
+# training. A license the Hub has added since is written `other` until this list has it.
+_HUB_LICENSE_IDS = """
+apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m bigscience-bloom-rail-1.0 bigcode-openrail-m
+afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0 cc-by-2.0
+cc-by-2.5 cc-by-3.0 cc-by-4.0 cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0
+cc-by-nc-nd-3.0 cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 cdla-sharing-1.0
+cdla-permissive-1.0 cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 etalab-2.0 eupl-1.1 agpl-3.0 gfdl gpl
+gpl-2.0 gpl-3.0 lgpl lgpl-2.1 lgpl-3.0 isc lppl-1.3c ms-pl mpl-2.0 odc-by odbl openrail++ osl-3.0 postgresql
+ofl-1.1 ncsa unlicense zlib pddl lgpl-lr deepfloyd-if-license llama2 llama3 llama3.1 llama3.2 llama3.3 gemma
+unknown other
+"""
+HUB_LICENSES = frozenset(_HUB_LICENSE_IDS.split())
 
 
 class Publish(StrictModel):
@@ -421,10 +435,13 @@ class Experiment(StrictModel):
     @field_validator("license")
     @classmethod
     def _license(cls, value: str) -> str:
-        if not LICENSE_ID.match(value):
+        if value not in HUB_LICENSES:
+            close = difflib.get_close_matches(value.lower(), HUB_LICENSES, n=3, cutoff=0.5)
+            suggestion = f"did you mean {' or '.join(close)}? " if close else ""
             raise ValueError(
-                f"{value!r} is not a Hub license id; write one in lower case, e.g. apache-2.0, mit, llama3.1, or "
-                f"leave it out ({DEFAULT_LICENSE!r})"
+                f"{quote(value)} is not a Hub license id ({suggestion}e.g. apache-2.0, mit, llama3.1; the Hub refuses "
+                f"a card with any other); a license the Hub does not list is {DEFAULT_LICENSE!r} (the default): the "
+                "card then says the base model's and the data's terms apply"
             )
         return value
 

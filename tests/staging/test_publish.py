@@ -243,6 +243,15 @@ def test_a_license_is_a_hub_license_id() -> None:
     with pytest.raises(PreflightError) as error:
         parse_experiment(shipped | {"license": "Apache 2"}, "test experiment")
     (violation,) = error.value.violations
-    assert violation.field == "license" and "'Apache 2' is not a Hub license id" in violation.message
+    assert violation.field == "license" and "'Apache 2' is not a Hub license id (did you mean apache-2.0" in (
+        violation.message
+    )
+    # A typo that has the shape of an id is not an id: the Hub would refuse the card after training.
+    with pytest.raises(PreflightError) as error:
+        parse_experiment(shipped | {"license": "mit-ish"}, "test experiment")
+    (violation,) = error.value.violations
+    assert "'mit-ish' is not a Hub license id (did you mean mit?" in violation.message
+    assert "'other' (the default)" in violation.message
+    assert parse_experiment(shipped | {"license": "llama3.1"}, "x").license == "llama3.1"
     assert parse_experiment(shipped | {"license": "mit"}, "x").license == "mit"
     assert parse_experiment(shipped, "x").license == "other"  # the default, which the card explains
