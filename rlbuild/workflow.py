@@ -11,6 +11,7 @@ import difflib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -725,8 +726,9 @@ class Graph:
 
     def end_if_interrupted(self, workflow: Any) -> None:
         """`onerror:` a run that an interrupt stopped, and nothing else, ends with one line of ours (what stopped
-        where, the command that resumes it) and exit 130 (rlbuild/job/interrupts.py); a run in which a job also
-        failed keeps Snakemake's error and exit code, after that line."""
+        where, the command that resumes it), then ends by the interrupt's own signal, which a shell reports as 130
+        (rlbuild/job/interrupts.py); a run in which a job also failed keeps Snakemake's error and exit code, after
+        that line."""
         signal_name, quiet = interrupts.interrupted_by(), self.stopped
         if quiet is None or (not quiet.stopped and signal_name is None):
             return
@@ -734,8 +736,11 @@ class Graph:
         where = [self._stopped_at(jobs[jobid]) for jobid in quiet.stopped if jobid in jobs]
         command = interrupts.snakemake_command(sys.argv)
         print(interrupts.stopped_line(signal_name, where, command), file=sys.stderr, flush=True)
-        if not quiet.failed:
-            raise SystemExit(INTERRUPTED_EXIT_CODE)  # past Snakemake's handlers: its lock is released on the way
+        if quiet.failed:
+            return
+        if signal_name is not None:
+            interrupts.end_by_signal(signal.Signals[signal_name])
+        raise SystemExit(INTERRUPTED_EXIT_CODE)  # past Snakemake's handlers: its lock is released on the way
 
     def _stopped_at(self, job: Any) -> str:
         """Where a stopped job stopped: a training at its last checkpoint (the interrupt checkpointed the step

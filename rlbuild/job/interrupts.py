@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import itertools
@@ -39,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 
@@ -160,6 +161,24 @@ def _typed(word: str) -> str:
     if quoted != word and "'" in word and not any(c in word for c in '"$`\\!'):
         return f'"{word}"'
     return quoted
+
+
+def end_by_signal(signum: int) -> NoReturn:
+    """End this process as the signal's default action would, after Python's own exit (`finally` blocks: Snakemake
+    releases its lock) and a flush of its logs. A shell then reports 128 + N (130 for Ctrl-C) and, unlike after a
+    child that *exited* 130, stops the script that ran it: bash goes on to a script's next line when a child
+    handled its Ctrl-C and exited, and make says "Interrupt" rather than "Error 130"."""
+
+    def die() -> None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    atexit.register(die)  # registered last, so it runs first: the exit handlers before it have nothing of ours
+    raise SystemExit(128 + signum)
 
 
 def snakemake_command(argv: Sequence[str]) -> list[str]:

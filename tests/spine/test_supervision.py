@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -78,6 +79,36 @@ def test_the_line_a_stopped_run_ends_with_says_where_and_how_to_resume() -> None
         "eval of v2026.09.21 (a rerun ...); to resume, run the same command again: "
         "snakemake --cores 2 --config \"versions=['2026.09.21']\""
     )
+
+
+def test_an_interrupted_run_ends_by_its_signal_so_the_script_that_ran_it_stops_too(tmp_path: Path) -> None:
+    """Ctrl-C reaches a script and the command it runs. A command that handles it and exits 130 lets bash go on
+    to the script's next line (it takes the interrupt as handled); one that ends by SIGINT, after its `finally`
+    blocks and with what it printed flushed, stops the script too, as the Snakemake process of a run does."""
+    command = (
+        "import signal, sys, time\n"
+        "from rlbuild.job.interrupts import end_by_signal\n"
+        "def stop(signum, frame):\n"
+        "    sys.stdout.write(' the line it ends with')\n"  # unflushed: its exit must flush it
+        "    try:\n        end_by_signal(signum)\n    finally:\n        print(' (finally ran)', end='')\n"
+        "signal.signal(signal.SIGINT, stop)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    script = tmp_path / "run.sh"
+    script.write_text(f"{sys.executable} -c {shlex.quote(command)}\necho ' the script went on'\n")
+    run = subprocess.Popen(
+        ["bash", str(script)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
+    )
+    assert run.stdout is not None and run.stdout.readline() == "ready\n"
+    os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+    said, _ = run.communicate(timeout=60)
+    assert said == " the line it ends with (finally ran)" and run.returncode == -signal.SIGINT, (said, run.returncode)
 
 
 # The stand-in trainer: a "Ray service" of its own, then SIGKILLed (or it sleeps, for its supervisor to be killed).
