@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -550,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rlbuild",
         description=__doc__,
         epilog="Exit codes: 0 done, 2 bad input (the error names the field and the fix), 1 a runtime failure, "
-        "130 interrupted.",
+        "130 interrupted (by Ctrl-C, as a shell reports it).",
     )
     parser.add_argument("--version", action="version", version=f"rlbuild {_package_version()}")
     # The rules' own subcommands (stage-model, train, export, ...) work as before but are not listed here.
@@ -691,9 +692,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED_EXIT_CODE
-    except KeyboardInterrupt:  # Ctrl-C on a person's command (status --watch): no traceback
+    except KeyboardInterrupt:  # Ctrl-C on a person's command (status --watch): no traceback, and a script stops
         print(file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
+        interrupts.end_by_signal(signal.SIGINT)
     except PreflightError as exc:
         print(redact_text(str(exc)), file=sys.stderr)
         return EXIT_INVALID
