@@ -40,7 +40,7 @@ RUN_HERE = {
     "rlbuild check --json": '"ok": true',
 }
 COVERED_ELSEWHERE = {
-    "make main": "the same graph on a small budget: tests/e2e/test_pipeline.py (pipeline fixture)",
+    "make main": "tests/e2e/test_first_hour.py: as typed (its set-up aside) on a small budget, Ctrl-C'd and run again",
     "make test": "CI runs it (.ci/run)",
     "rlbuild lease break train/v2026.09.21": (
         "tests/spine/test_lease.py::test_lease_break_refuses_a_live_holder_unless_forced_and_is_recorded_where_status_"
@@ -48,7 +48,7 @@ COVERED_ELSEWHERE = {
     ),
     "make test-fast": "`make test` runs every test it runs (those not marked slow), with the same options",
     "source .venv/bin/activate": "these tests put the venv's bin first on PATH, as activating does",
-    "snakemake --forcerun eval": "tests/e2e/test_pipeline.py::test_forcerun_eval_reruns_eval_only",
+    "snakemake --forcerun eval": "tests/e2e/test_first_hour.py::test_a_partial_rebuild_reruns_eval_only",
     "snakemake --forcerun export -- export/v2026.09.21": "test_forcerun_export_reexports_without_retraining",
     "snakemake --rerun-incomplete train/v2026.09.21/terminal.json": (
         "tests/e2e/test_pipeline.py::test_killed_training_resumes_from_the_latest_checkpoint"
@@ -80,10 +80,10 @@ COVERED_ELSEWHERE = {
         " (its recipe and task set, on a budget of 3 steps)"
     ),
     "snakemake --cores 2 --config experiment=tiny-series": (
-        "tests/e2e/test_series.py (the shipped series on a budget: every arm, the smoke first, the report)"
+        "tests/e2e/test_first_hour.py (as typed, the shipped series on a budget: every arm, the smoke first)"
     ),
     "rlbuild compare tiny-series --version 2026.09.21": (
-        "tests/e2e/test_series.py::test_the_series_report_shows_every_arm (rlbuild compare from storage)"
+        "tests/e2e/test_first_hour.py::test_the_series_report_shows_every_arm (as typed, from storage)"
     ),
     "make iris-local": "tests/iris/test_iris_local.py runs its script from a fresh copy of the code",
     "python -m trainer episode --launch results/tiny-agent/launch/v2026.09.21/launch.yaml --split validation --row 0 "

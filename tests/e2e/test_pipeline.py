@@ -191,10 +191,6 @@ def test_nothing_to_do_when_everything_is_built(pipeline: Pipeline) -> None:
     assert ran(pipeline.run()) == {}
 
 
-def test_forcerun_eval_reruns_eval_only(pipeline: Pipeline) -> None:
-    assert ran(pipeline.run("--forcerun", "eval")) == {"eval": 1, "all": 1}
-
-
 def test_forcerun_export_reexports_without_retraining(pipeline: Pipeline) -> None:
     assert ran(pipeline.run("--forcerun", "export", targets=(f"export/v{VERSION}",))) == {"export": 1}
 
