@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -114,6 +115,22 @@ def run_snakemake(
         timeout=timeout,
         check=False,
     )
+
+
+def foreground_job(argv: list[str], *, cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`argv` as a terminal's foreground job, output to `log`: a process group of its own (a test's Ctrl-C is
+    SIGINT to that group) with SIGINT at its default (a test suite started in the background, without job control,
+    ignores SIGINT, and its children would inherit that and never see the interrupt)."""
+    with log.open("wb") as handle:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
 
 
 def copy_of_the_code(target: Path) -> Path:

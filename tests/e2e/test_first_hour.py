@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from rlbuild.stages.basemodel import CACHE_ENV
-from tests.conftest import EXPERIMENTS, REPO, copy_of_the_code
+from tests.conftest import EXPERIMENTS, REPO, copy_of_the_code, foreground_job
 from tests.e2e.test_interrupts import latest_checkpoint, train_logs
 from tests.e2e.test_pipeline import VERSION, Pipeline, ran
 from tests.faults import wait_until
@@ -96,16 +96,7 @@ def ctrl_c_in_training(command: str, copy: Path, env: dict[str, str]) -> subproc
     """`command` as a terminal's foreground job, and Ctrl-C (SIGINT to its whole process group) once its training
     has checkpointed step 2."""
     log = copy / "interrupted.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            ["bash", "-c", command],
-            cwd=copy,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+    process = foreground_job(["bash", "-c", command], cwd=copy, env=env, log=log)
     root = copy / "results" / "tiny-addition"
     wait_until(lambda: latest_checkpoint(root) >= 2 or process.poll() is not None, 600, 0.1)
     assert process.poll() is None, f"{command} ended before the interrupt: {log.read_text()[-3000:]}"

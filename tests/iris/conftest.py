@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlbuild.dev.iris_cluster import REPO, LocalIris
-from tests.conftest import S3
+from tests.conftest import S3, foreground_job
 
 WORKFLOW = Path(__file__).parent / "workflow"
 GPU_WORKERS = 2
@@ -61,17 +61,8 @@ def workflow_copy(tmp_path: Path) -> Path:
 
 
 def start_snakemake(argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """`snakemake ...` in its own session with SIGINT at its default (so a test can Ctrl-C it)."""
-    with open(log, "wb") as handle:
-        return subprocess.Popen(
-            [str(Path(sys.executable).parent / "snakemake"), *argv],
-            cwd=cwd,
-            env=env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+    """`snakemake ...` as a terminal's foreground job (so a test can Ctrl-C it)."""
+    return foreground_job([str(Path(sys.executable).parent / "snakemake"), *argv], cwd=cwd, env=env, log=log)
 
 
 def run_snakemake(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
