@@ -72,7 +72,7 @@ def test_status_follows_a_training_and_reports_a_paused_trainer_as_stalled(tmp_p
         root = results / "watched" / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "attempts"
         trainer = int(json.loads((root / "progress.json").read_text())["pid"])
         os.kill(trainer, signal.SIGSTOP)  # the trainer hangs: no more steps, the run's lease still heartbeats
-        time.sleep(8)
+        time.sleep(4)  # past the 3 s asked for below: the last step's progress is older than the pause
         stalled = train_entry(status(experiment, results, "--stall-after", "3"))
         assert stalled["state"] == "running"
         assert stalled["verdict"].startswith("stalled: no step for ") and " min " in stalled["verdict"], stalled

@@ -67,6 +67,10 @@ def slurm_conf(base: Path, ports: dict[str, int]) -> str:
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         "SchedulerType=sched/backfill",
+        # A requeued job becomes eligible cred_expire + 1 s after its requeue, and then waits for a scheduling pass:
+        # the backfill's every 30 s or the main loop's every 60 s by default. A pass every 2 s starts the next link
+        # of a chain within 13 s of the requeue instead of 11-41 s (measured: 27 s before, 12.5 s after).
+        "SchedulerParameters=sched_interval=2",
         "MpiDefault=none",
         "GresTypes=gpu",
         "MinJobAge=600",
