@@ -21,7 +21,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from rlbuild.contracts.layout import Layout, PackingError, pack
 from rlbuild.plan.roleplan import check_role_plan, shape_of_plan
 from rlbuild.plan.spec import RolePlan, Runtime, Topology
-from trainer.workers.placement import Reservation, plain_worker_logs, reserve
+from trainer.workers.cluster import plain_worker_logs
+from trainer.workers.placement import Reservation, reserve
 
 pytestmark = pytest.mark.timeout(300)
 GPUS = 8
