@@ -23,9 +23,15 @@ from rlbuild.core import storage
 from rlbuild.core.wire import RAY_TEMP_DIR_ENV
 
 # What each worker of a private Ray imports as it starts, before it is given an actor: every actor class (the
-# placement module's imports: torch, transformers) and what loading any Hugging Face model imports (~600 modules,
-# torch._dynamo to accelerate: 1-3 s), which the driver never needs.
-ACTOR_IMPORTS = ["trainer.workers.placement", "transformers.modeling_utils"]
+# placement module's imports: torch, transformers), what loading any Hugging Face model imports (~600 modules,
+# torch._dynamo to accelerate: 1-3 s) and torch.distributed.checkpoint (trainer/workers/sharding.py), none of
+# which the driver needs.
+ACTOR_IMPORTS = [
+    "trainer.workers.placement",
+    "transformers.modeling_utils",
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+]
 
 # Whether this process started the Ray it is connected to (a private one), however many times it connected.
 _started_here = {"ray": False}
