@@ -30,11 +30,12 @@ def _run(args: argparse.Namespace) -> int:
     from trainer.workers import cluster
 
     launch = load_launch(str(args.launch))
-    continuation.listen()  # before anything slow; loop.run listens again once ray.init has taken SIGTERM
+    continuation.listen()  # before anything slow
     if not storage.exists(args.terminal or launch.artifacts.terminal_manifest_uri):  # else loop.run refuses
         # Ray's services start, and its workers import the actors' modules, while this process imports the
         # loop's torch and transformers (seconds each, on the way to the first step either way).
         cluster.connect_for(launch)
+        continuation.listen()  # again: ray.init replaces the SIGTERM handler with its own
     from trainer import loop
 
     try:

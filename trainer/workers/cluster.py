@@ -26,12 +26,7 @@ from rlbuild.core.wire import RAY_TEMP_DIR_ENV
 # placement module's imports: torch, transformers), what loading any Hugging Face model imports (~600 modules,
 # torch._dynamo to accelerate: 1-3 s) and torch.distributed.checkpoint (trainer/workers/sharding.py), none of
 # which the driver needs.
-ACTOR_IMPORTS = [
-    "trainer.workers.placement",
-    "transformers.modeling_utils",
-    "torch.distributed.checkpoint",
-    "torch.distributed.checkpoint.state_dict",
-]
+ACTOR_IMPORTS = ["trainer.workers.placement", "transformers.modeling_utils", "torch.distributed.checkpoint"]
 
 # Whether this process started the Ray it is connected to (a private one), however many times it connected.
 _started_here = {"ray": False}
