@@ -14,6 +14,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from rlbuild.contracts import checkpoints as layout
 from trainer.errors import TrainerError
+from trainer.workers import cluster
 from trainer.workers.batch import Batch, UpdateBatch
 from trainer.workers.engines import Rollout, SamplingParams, max_abs_difference
 from trainer.workers.weight_sync import TensorSpec
@@ -137,5 +138,4 @@ class Roles:
             ray.kill(actor)
         for group in self.groups:
             remove_placement_group(group)
-        if self.started_ray:
-            ray.shutdown()
+        cluster.disconnect(self.started_ray)
