@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -23,8 +21,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from rlbuild.contracts.layout import Layout, PackingError, pack
 from rlbuild.plan.roleplan import check_role_plan, shape_of_plan
 from rlbuild.plan.spec import RolePlan, Runtime, Topology
-from trainer.workers.cluster import plain_worker_logs
-from trainer.workers.placement import Reservation, reserve
+from trainer.workers.placement import Reservation, plain_worker_logs, reserve
 
 pytestmark = pytest.mark.timeout(300)
 GPUS = 8
@@ -200,19 +197,3 @@ def test_worker_lines_are_plain_text_in_a_log_file_and_coloured_in_a_terminal() 
     chosen = {"RAY_COLOR_PREFIX": "1"}
     plain_worker_logs(chosen, tty=False)
     assert chosen == {"RAY_COLOR_PREFIX": "1"}  # a person's explicit choice stays
-
-
-def test_the_driver_starts_ray_before_torch_and_leaves_the_workers_imports_to_them() -> None:
-    """`python -m trainer run` starts its private Ray from trainer/workers/cluster.py before it imports the loop:
-    that module must not pull torch in. The driver never imports what only the actors use, and every module a
-    private Ray's workers import ahead exists (Ray only logs a preload that fails, and the actors pay it later)."""
-    script = (
-        "import importlib.util, sys; from trainer.workers import cluster; "
-        "early = sorted({'torch', 'transformers'} & set(sys.modules)); "
-        "import trainer.loop; "
-        "driver = sorted({'torch.distributed.checkpoint', 'transformers.modeling_utils'} & set(sys.modules)); "
-        "assert not early and not driver, f'cluster imported {early}, the driver {driver}'; "
-        "missing = [name for name in cluster.ACTOR_IMPORTS if importlib.util.find_spec(name) is None]; "
-        "assert not missing, f'no module {missing}'"
-    )
-    subprocess.run([sys.executable, "-c", script], check=True)

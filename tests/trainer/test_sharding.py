@@ -20,9 +20,8 @@ from tests.launches import placeable
 from trainer import tasks
 from trainer.workers import grpo
 from trainer.workers.batch import UpdateBatch, update_batch
-from trainer.workers.cluster import connect, disconnect, layout_of
 from trainer.workers.engines import SamplingParams, TorchEngine
-from trainer.workers.placement import place_roles, setup_group
+from trainer.workers.placement import connect, layout_of, place_roles, setup_group
 from trainer.workers.policy import score
 from trainer.workers.reference import ReferenceWorker
 from trainer.workers.roles import Roles
@@ -35,7 +34,8 @@ MICRO = 16  # samples per micro-batch: the one rank takes 2 of them, each of two
 def local_ray() -> Iterator[None]:
     started = connect(None, num_bundles=4)
     yield
-    disconnect(started)
+    if started:
+        ray.shutdown()
 
 
 def _launch(tmp_path: Path, ranks: int) -> LaunchDocument:

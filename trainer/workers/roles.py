@@ -14,7 +14,6 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from rlbuild.contracts import checkpoints as layout
 from trainer.errors import TrainerError
-from trainer.workers import cluster
 from trainer.workers.batch import Batch, UpdateBatch
 from trainer.workers.engines import Rollout, SamplingParams, max_abs_difference
 from trainer.workers.weight_sync import TensorSpec
@@ -138,4 +137,5 @@ class Roles:
             ray.kill(actor)
         for group in self.groups:
             remove_placement_group(group)
-        cluster.disconnect(self.started_ray)
+        if self.started_ray:
+            ray.shutdown()
