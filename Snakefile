@@ -66,6 +66,13 @@ if not workflow.storage_settings.default_storage_provider:
     workdir: GRAPH.working_directory()
 
 
+# A job's command starts with the terminal's SIGINT ignored: Ctrl-C reaches a job as the SIGTERM Snakemake passes
+# on (rlbuild/job/interrupts.py), and a SIGINT landing while a job's Python is still starting (before its handlers)
+# would end it with a "Fatal Python error" and exit 1, read as a failure. `python -m rlbuild` listens to both
+# signals again once it has started (interrupts.raise_on_signals). Snakemake's own prefix is kept.
+shell.prefix("set -euo pipefail; trap '' INT; ")
+
+
 wildcard_constraints:
     version=r"[^/]+",
 
