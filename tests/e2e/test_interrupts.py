@@ -138,10 +138,8 @@ def interrupt(pipe: Pipeline, row: Row, mark: str) -> dict[str, float]:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
     command += ["--rerun-incomplete", "--config", f"experiment={pipe.experiment}", f"storage_root={pipe.storage}"]
     command += [f"versions=['{VERSION}']"]
-    # The base-model rows interrupt a real warm start, not a copy from the session's cache; the rows after them
-    # recover with the cache's copy, as every other graph of the suite does (a third warm start proves nothing).
-    uncached = row.stage == "base-model"
-    env = {**{k: v for k, v in os.environ.items() if not (uncached and k == CACHE_ENV)}, MARK: mark}
+    # The base-model rows interrupt a real warm start: not a copy from the session's cache.
+    env = {**{k: v for k, v in os.environ.items() if k != CACHE_ENV}, MARK: mark}
     log = pipe.folder / f"snakemake-{mark}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
