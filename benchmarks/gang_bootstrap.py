@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rlbuild.core.wire import RAY_PORT_NAMES  # noqa: E402
-from rlbuild.dev.iris_cluster import LocalIris  # noqa: E402
-from rlbuild.schedulers.iris import Iris, Submission, shell  # noqa: E402
+from rlbuild.schedulers.iris.localcluster import LocalIris  # noqa: E402
+from rlbuild.schedulers.iris.client import Iris, Submission, shell  # noqa: E402
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement  # noqa: E402
 
 ALIVE = re.compile(r"Ray nodes alive: (\d+)/\d+ after ([\d.]+)s since gang start")

@@ -34,6 +34,8 @@ from rlbuild.plan.planview import Cost, format_plan, plan_dict
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve_file
 from rlbuild.plan.spec import Experiment
+from rlbuild.schedulers.base import CoordinatorRequest, Scheduler
+from rlbuild.schedulers.registry import SCHEDULERS, task_scheduler
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -85,7 +87,7 @@ def _verified_launch(launch_uri: str, launch_record: str) -> tuple[LaunchDocumen
 
 def cmd_check(args: argparse.Namespace) -> int:
     """The dry run's checks without Snakemake: same defaults (config/config.yaml), same storage-backed checks,
-    and the Slurm partition where Slurm answers (sinfo)."""
+    and what the scheduler itself says where it answers (a partition that cannot hold the gang)."""
     from rlbuild.plan.versioning import check_all
     from rlbuild.workflow import experiment_file, profile_executor, workflow_config
 
@@ -136,8 +138,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rlbuild.ops.status import (
         Options,
         StatusTargetError,
+        addresses_from_environment,
         gather,
-        iris_url_from_environment,
         target_selection,
     )
     from rlbuild.ops.statusview import format_status
@@ -153,8 +155,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise PreflightError("rlbuild status", [Violation("targets", str(error).split(";")[0], fix)]) from None
     if args.version:
         versions = [args.version]
-    iris_url = args.iris_controller_url or iris_url_from_environment()
-    options = Options(stall_after_s=args.stall_after, iris_url=iris_url, verify=args.verify)
+    addresses = addresses_from_environment() | _addresses(args)
+    options = Options(stall_after_s=args.stall_after, addresses=addresses, verify=args.verify)
     for name, value in STATUS_STORAGE_WAIT.items():  # a person is waiting: seconds, not storage's minutes
         os.environ.setdefault(name, value)
     while True:
@@ -193,26 +195,48 @@ def cmd_lease(args: argparse.Namespace) -> int:
     return 0
 
 
-def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path, Experiment]:
-    """(controller URL, experiment root in the Iris profile's storage, experiment file, experiment) of `rlbuild
-    submit` / `rlbuild cancel`."""
+def _addresses(args: argparse.Namespace) -> dict[str, str]:
+    """Each scheduler's address given on the command line (`add_address_options`), by scheduler name."""
+    return {name: value for name in SCHEDULERS if (value := getattr(args, f"address_{name}", None))}
+
+
+def add_address_options(parser: argparse.ArgumentParser, schedulers: list[type[Scheduler]], verb: str) -> None:
+    """A flag per scheduler that answers at an address (its default: the variable its executor plugin reads)."""
+    for cls in schedulers:
+        if (option := cls.address_option) is not None:
+            parser.add_argument(
+                option.flag,
+                dest=f"address_{cls.name}",
+                metavar="ADDRESS",
+                help=f"{verb} {option.what} (default: {option.variable})",
+            )
+
+
+def coordinating() -> type[Scheduler]:
+    """The scheduler that runs detached coordinators (`rlbuild submit`)."""
+    return next(cls for cls in SCHEDULERS.values() if cls.runs_coordinators)
+
+
+def _submit_context(args: argparse.Namespace) -> tuple[Scheduler, str, Path, Experiment]:
+    """(scheduler, experiment root in its profile's storage, experiment file, experiment) of `rlbuild submit` /
+    `rlbuild cancel`."""
     from rlbuild.ops.status import unscoped
     from rlbuild.workflow import experiment_file, workflow_config
 
-    url = args.iris_controller_url or os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL")
+    cls = coordinating()
+    option = cls.address_option
+    address = _addresses(args).get(cls.name) or (os.environ.get(option.variable) if option else None)
     bucket, prefix = os.environ.get("RLBUILD_BUCKET"), os.environ.get("RLBUILD_PREFIX", "")
     root = args.storage_root or (f"s3://{bucket}/{prefix}".rstrip("/") if bucket else None)
-    problems = (
-        []
-        if url
-        else [Violation("--iris-controller-url", "no Iris controller", "pass it, or set SNAKEMAKE_IRIS_CONTROLLER_URL")]
-    )
+    problems = []
+    if option is not None and not address:
+        problems.append(Violation(option.flag, f"no address of {option.what}", f"pass it, or set {option.variable}"))
     if not root:
         problems.append(
             Violation(
                 "--storage-root",
                 "no storage root",
-                "pass it, or set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile iris",
+                f"pass it, or set RLBUILD_BUCKET (and RLBUILD_PREFIX) as for --profile {cls.name}",
             )
         )
     if problems:  # bad input, exit 2 like every other
@@ -220,7 +244,8 @@ def _submit_context(args: argparse.Namespace) -> tuple[str, str, Path, Experimen
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     path = experiment_file(REPO, args.experiment or config.experiment)
     experiment = load_experiment(path)
-    return str(url), storage.join(unscoped(str(root), experiment.name), experiment.name), path, experiment
+    root = storage.join(unscoped(str(root), experiment.name), experiment.name)
+    return cls(address), root, path, experiment
 
 
 def with_config(argv: list[str], entry: str) -> list[str]:
@@ -232,17 +257,18 @@ def with_config(argv: list[str], entry: str) -> list[str]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """The graph as a detached Iris job (a coordinator); returns once Iris has it."""
-    from rlbuild.ops.coordinator import Size, submit
+    """The graph as a detached job (a coordinator) of the scheduler that runs them; returns once it has it."""
     from rlbuild.workflow import in_checkout
 
-    url, root, path, experiment = _submit_context(args)
+    scheduler, root, path, experiment = _submit_context(args)
     # The coordinator runs the checkout's bundle: it is handed the experiment as the bundle holds it.
     passed = with_config(args.snakemake_args, f"experiment={in_checkout(REPO, path)}")
-    size = Size(cpu=args.cpu, memory=args.memory, disk=args.disk)
-    job, adopted = submit(url, root, args.targets, passed, size, args.cpu_pool, REPO, experiment)
+    request = CoordinatorRequest(
+        root, args.targets, passed, REPO, experiment.runtime.image, args.cpu, args.memory, args.disk, args.cpu_pool
+    )
+    job, adopted = scheduler.submit_coordinator(request)
     verb = "is already running as" if adopted else "submitted as"
-    print(f"coordinator of {' '.join(args.targets) or 'the default targets'} {verb} Iris job {job}")
+    print(f"coordinator of {' '.join(args.targets) or 'the default targets'} {verb} {scheduler.title} job {job}")
     print(f"watch it:  python -m rlbuild status --storage-root {root.rsplit('/', 1)[0]} --watch 30")
     print(f"cancel it: python -m rlbuild cancel {' '.join(args.targets)}".rstrip())
     return 0
@@ -250,12 +276,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Stop a detached coordinator and every job it submitted."""
-    from rlbuild.ops.coordinator import cancel
-
-    url, root, _, _ = _submit_context(args)
-    cancelled = cancel(root, url, args.targets)
+    scheduler, root, _, _ = _submit_context(args)
+    cancelled = scheduler.cancel_coordinators(root, args.targets)
     for job in cancelled:
-        print(f"cancelled Iris job {job} and the jobs it submitted")
+        print(f"cancelled {scheduler.title} job {job} and the jobs it submitted")
     if not cancelled:
         print(f"no running coordinator of {' '.join(args.targets) or root} found")
     return 0
@@ -329,19 +353,15 @@ def cmd_resolve_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlbuild.job import chain
-    from rlbuild.job.attempt import run_logged
+    from rlbuild.schedulers.base import TrainLimits
 
     launch, launch_record = _verified_launch(args.launch, args.launch_record)
     attempts = launch.artifacts.attempts_root
     trainer_argv = ["run", "--launch", args.launch, "--terminal", args.terminal]
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         trainer_argv.append("--allow-retrain")
-    if chain.in_slurm_job(os.environ):  # one link of a chain: the gang over srun, requeued until done
-        code = chain.run_link(args.launch, trainer_argv, args.max_links, args.stop_lead, os.environ, attempts)
-    else:
-        with interrupts.supervised() as env:  # the trainer's Ray, however the trainer ends, ends with it
-            code = run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts, env)
+    limits = TrainLimits(args.max_links, args.stop_lead)
+    code = task_scheduler(os.environ).run_training(trainer_argv, args.launch, attempts, limits)
     if code == 0:
         record = derived_record(launch_record, "train")
         metrics = {METRICS_NAME: launch.artifacts.metrics_uri}
@@ -519,13 +539,12 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
         help="seconds without a step that count as stalled (default: 20 measured steps, at least 60 s; 600 s "
         "before a step time is measured)",
     )
-    status.add_argument(
-        "--iris-controller-url", help="ask this Iris controller about jobs (default: SNAKEMAKE_IRIS_CONTROLLER_URL)"
-    )
+    add_address_options(status, list(SCHEDULERS.values()), "ask")
     status.set_defaults(func=cmd_status)
 
+    coordinator = coordinating()
     for name, func, help_text in (
-        ("submit", cmd_submit, "run the graph as a detached coordinator job on Iris, and return"),
+        ("submit", cmd_submit, f"run the graph as a detached coordinator job on {coordinator.title}, and return"),
         ("cancel", cmd_cancel, "stop a detached coordinator and the jobs it submitted"),
     ):
         p = sub.add_parser(name, help=help_text)
@@ -534,12 +553,12 @@ def _operator_commands(sub: argparse._SubParsersAction) -> None:
             p.epilog = "Arguments after `--` go to the coordinator's snakemake."
         p.add_argument("--experiment", help="an experiment name or .yaml path (default: config/config.yaml's)")
         p.add_argument("--storage-root", help="s3://bucket/prefix (default: s3://$RLBUILD_BUCKET/$RLBUILD_PREFIX)")
-        p.add_argument("--iris-controller-url", help="default: SNAKEMAKE_IRIS_CONTROLLER_URL")
+        add_address_options(p, [coordinator], "submit to")
         if name == "submit":
             p.add_argument("--cpu", type=float, default=4.0, help="coordinator CPUs (seed 000: 4)")
             p.add_argument("--memory", default="16GB", help="coordinator memory")
             p.add_argument("--disk", default="64GB", help="coordinator disk")
-            p.add_argument("--cpu-pool", default=os.environ.get("SNAKEMAKE_IRIS_CPU_POOL"), help="worker pool")
+            p.add_argument("--cpu-pool", help="the worker pool of CPU jobs (default: the executor's)")
         p.set_defaults(func=func)
 
 
@@ -567,8 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--profile",
-        help="judge the nodes' runtime as `snakemake --profile NAME` runs the jobs (profiles/NAME; e.g. iris: the "
-        "nodes set up from uv.lock or run runtime.image); default: the local executor, this .venv",
+        help="judge the nodes' runtime as `snakemake --profile NAME` runs the jobs (profiles/NAME: a profile whose "
+        "nodes share no disk sets up from uv.lock or runs runtime.image); default: the local executor, this .venv",
     )
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_check)
@@ -630,9 +649,9 @@ def _stage_commands(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--terminal", required=True)
     train.add_argument("--record", required=True)
     train.add_argument("--allow-retrain", action="store_true", help="retrain a fixed version's completed run")
-    train.add_argument("--max-links", type=int, default=1, help="on Slurm: jobs the chain may take")
+    train.add_argument("--max-links", type=int, default=1, help="jobs a chain across wall-clock limits may take")
     train.add_argument(
-        "--stop-lead", type=int, default=0, help="on Slurm: seconds before the limit at which training hands over"
+        "--stop-lead", type=int, default=0, help="seconds before a job's limit at which training hands over"
     )
     train.set_defaults(func=cmd_train)
 

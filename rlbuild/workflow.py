@@ -49,7 +49,7 @@ from rlbuild.core.wire import INTERRUPTED_EXIT_CODE, restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
 from rlbuild.job import interrupts
 from rlbuild.ops.lease import Leases, arm_jobs, describe, held_leases, lease_of, lease_uri
-from rlbuild.plan import series, slurm
+from rlbuild.plan import scheduling, series
 from rlbuild.plan.noderuntime import GPU_EXTRA, node_runtime
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import load_experiment
@@ -64,7 +64,8 @@ from rlbuild.plan.versioning import (
     read_ahead,
     rebuild_reasons,
 )
-from rlbuild.schedulers.registry import SCHEDULERS
+from rlbuild.schedulers.base import COMMAND_RESOURCES, JobRequest
+from rlbuild.schedulers.registry import executor_scheduler, resource_owner
 
 RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
 # Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
@@ -781,86 +782,73 @@ class Graph:
 
     def restrict_job_environment(self, workflow: Any) -> None:
         """Before the first submission (the Snakefile's `onstart`): under a scheduler whose jobs inherit the
-        submitting process's environment (Slurm, whose plugin submits with `sbatch --export=ALL`), cut this
-        process's environment to what jobs may receive."""
+        submitting process's environment, cut this process's environment to what jobs may receive."""
         plugin = getattr(workflow, "executor_plugin", None)
-        scheduler = SCHEDULERS.get(plugin.name) if plugin is not None else None  # Snakemake's other executors: none
+        scheduler = executor_scheduler(plugin.name) if plugin is not None else None
         if scheduler is None or not scheduler.inherits_submit_environment:
             return
-        removed = restrict_to_forwarded(os.environ, self.experiment.execution.env)
+        removed = restrict_to_forwarded(os.environ, self.experiment.execution.env, scheduler.variable_prefixes)
         if removed:
             print(f"rlbuild: not passed to {scheduler.title} jobs: {', '.join(removed)}", file=sys.stderr)
 
     def job_resources(self, kind: str) -> dict[str, int | str]:
-        """Resources of the export or eval job: Slurm account, partition, QoS, and the CPUs and memory the
-        experiment gives it (`execution.export` / `execution.eval`), as Slurm and Iris read them."""
+        """Resources of the export or eval job: the CPUs and memory the experiment gives it (`execution.export` /
+        `execution.eval`), and what each scheduler's executor reads of it."""
         size = getattr(self.experiment.execution, kind)
-        sizes = {"cpus_per_task": size.cpu, "mem_mb": size.mem_mb, "iris_cpu": size.cpu, "iris_memory": size.memory}
-        runtime = self._node_runtime(gpus=False, episodes=kind == "eval")
-        return self._for_executor(slurm.cluster_resources(self.experiment) | sizes | runtime)
+        request = JobRequest(
+            cpu=size.cpu, memory=size.memory, **self._node_runtime(gpus=False, episodes=kind == "eval")
+        )
+        resources = {"cpus_per_task": size.cpu, "mem_mb": size.mem_mb}
+        return self._for_executor(resources | scheduling.rule_resources(self.experiment, request))
 
     def gang_resources(self) -> dict[str, int | str]:
-        """Resources the Iris and Slurm executors read to run `train` as one gang of whole nodes."""
-        topology, iris = self.experiment.topology, self.experiment.execution.iris
+        """Resources a cluster executor reads to run `train` as one gang of whole nodes, and those the rule's
+        command reads (`COMMAND_RESOURCES`: how far one train job may go)."""
+        gang = scheduling.gang_of(self.experiment)
         resources: dict[str, int | str] = {
-            "gpu_nodes": topology.num_nodes,
-            "gpus_per_node": topology.gpus_per_node,
-            "gpu_variant": topology.gpu_variant,
+            "gpu_nodes": gang.num_nodes,
+            "gpus_per_node": gang.gpus_per_node,
+            "gpu_variant": gang.gpu_variant,
+            **COMMAND_RESOURCES,
         }
-        if iris is not None:
-            resources |= {
-                "iris_cpu": int(iris.cpu),
-                "iris_memory": iris.memory,
-                "iris_disk": iris.disk,
-                "iris_priority": iris.priority,
-                "iris_max_retries": iris.max_retries,
-            }
-        resources |= self._node_runtime(gpus=True, episodes=True)
-        return self._for_executor(resources | slurm.gang_resources(self.experiment))
+        request = JobRequest(gang=gang, **self._node_runtime(gpus=True, episodes=True))
+        return self._for_executor(resources | scheduling.rule_resources(self.experiment, request))
 
-    def _node_runtime(self, *, gpus: bool, episodes: bool) -> dict[str, int | str]:
-        """What Iris runs a job's bundle on: the experiment's image, or a set-up of its uv.lock with the extras the
-        runtime preflight judged (rlbuild/plan/noderuntime.py): `gpu` for the GPU nodes, `harbor` for the jobs that
-        play episodes (train, eval) where Harbor runs them. Nothing when the nodes share this checkout's .venv."""
+    def _node_runtime(self, *, gpus: bool, episodes: bool) -> dict[str, Any]:
+        """What a job's nodes run where they do not share this checkout's .venv: the experiment's image, or a
+        set-up of uv.lock with the extras the runtime preflight judged (rlbuild/plan/noderuntime.py): `gpu` for the
+        GPU nodes, `harbor` for the jobs that play episodes (train, eval) where Harbor runs them."""
         if self.shares_venv:
             return {}
         runtime = node_runtime(self.experiment, shares_venv=False)
         if runtime.image:
-            return {"iris_image": runtime.image}
+            return {"image": runtime.image}
         wanted = {GPU_EXTRA: gpus, HARBOR_EXTRA: episodes}
-        extras = [extra for extra in runtime.extras if wanted.get(extra)]
-        return {"iris_extras": ",".join(extras)} if extras else {}
+        return {"extras": tuple(extra for extra in runtime.extras if wanted.get(extra))}
 
     def _for_executor(self, resources: dict[str, int | str]) -> dict[str, Any]:
-        """The resources as the executor that runs the job sees them: another scheduler's (`iris_*` under Slurm,
-        `slurm_*` locally) are dropped, so a job's resource line lists only what is asked of its scheduler. The
-        executor is known only when a job is made (not while the Snakefile is read): each such resource is a
-        function, and Snakemake drops one that answers None. A dry run for a cluster executor shows both. Snakemake's
-        own process with no cluster executor (no `--jobs`: Snakemake refuses a cluster executor without) runs the
-        jobs itself: no scheduler reads them, and they are dropped here (350 jobs' functions cost a dry run 0.1 s)."""
+        """The resources as the executor that runs the job sees them: those only another scheduler's executor
+        reads are dropped, so a job's resource line lists only what is asked of its scheduler. The executor is known
+        only when a job is made (not while the Snakefile is read): each such resource is a function, and Snakemake
+        drops one that answers None. A dry run for a cluster executor shows every scheduler's. Snakemake's own
+        process with no cluster executor (no `--jobs`: Snakemake refuses a cluster executor without) runs the jobs
+        itself: no scheduler reads them, and they are dropped here (350 jobs' functions cost a dry run 0.1 s)."""
         if self.announce and not self.on_cluster:
-            return {key: value for key, value in resources.items() if _scheduler_of(key) is None}
+            return {key: value for key, value in resources.items() if resource_owner(key) is None}
         return {
-            key: _only_under(self, owner, value) if (owner := _scheduler_of(key)) else value
+            key: _only_under(self, owner, value) if (owner := resource_owner(key)) else value
             for key, value in resources.items()
         }
-
-
-def _scheduler_of(resource: str) -> str | None:
-    """The one scheduler that reads this resource, if only one does ("slurm" covers its jobstep executor, which
-    reads `mpi` inside the job)."""
-    if resource.startswith("iris_"):
-        return "iris"
-    return "slurm" if resource in slurm.SLURM_ONLY else None
 
 
 def _only_under(graph: Graph, scheduler: str, value: int | str) -> Callable[..., int | str | None]:
     def resource(wildcards: Any) -> int | str | None:
         plugin = getattr(graph.workflow, "executor_plugin", None)
         name = plugin.name if plugin is not None else "dryrun"
-        if name == "dryrun":  # which cluster executor a dry run stands for is not known: show both
+        if name == "dryrun":  # which cluster executor a dry run stands for is not known: show every scheduler's
             return value if graph.on_cluster else None
-        return value if name.startswith(scheduler) else None
+        found = executor_scheduler(name)
+        return value if found is not None and found.name == scheduler else None
 
     return resource
 

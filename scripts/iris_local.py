@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlbuild.dev.iris_cluster import LocalIris
+from rlbuild.schedulers.iris.localcluster import LocalIris
 from rlbuild.dev.s3 import S3Server, s3_server
 
 REPO = Path(__file__).resolve().parent.parent

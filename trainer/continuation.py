@@ -1,6 +1,6 @@
 """'To be continued': stop at a step boundary before the job's wall-clock limit, or when asked, checkpoint, and exit.
 
-A run on Slurm is a chain of jobs (rlbuild/job/chain.py). The trainer is asked to stop by Slurm's warning signal
+A run on Slurm is a chain of jobs (rlbuild/schedulers/slurm/chain.py). The trainer is asked to stop by Slurm's warning signal
 (SIGUSR1, `--signal=USR1@<lead>`) or by the deadline the chain passes in RLBUILD_STOP_AT (the job's end less the
 lead; Slurm's signal may come up to a minute late or, before the trainer listens, not at all). The loop asks
 `requested()` once per step: the step under way finishes, a checkpoint of it is written, and the process exits

@@ -1,11 +1,12 @@
 """The launch document (`launch.yaml`), typed: the one document every stage after resolve_launch reads.
 
-Sections name what they configure: `run` and `runtime` say what this is and which code runs it, `iris` the
-allocation, `ingress` how the driver reaches the rollout engines, `ray` the cluster bootstrap, `artifacts` where
-outputs go, `inputs` the immutable staged model and data, `recipe` the trainer's settings, `env` the
-experiment's execution.env (every node checks its tasks got it). All URIs are
-absolute: a local absolute path or `s3://bucket/key`. The builder (`rlbuild.plan.resolve`) is its only writer; the
-trainer parses it once with `load_launch` and reads attributes. Secrets never appear in it.
+Sections name what they configure: `run` and `runtime` say what this is and which code runs it, `allocation`
+what one gang asks for and `scheduler` which scheduler runs it with which of its settings, `ingress` how the
+driver reaches the rollout engines, `ray` the cluster bootstrap, `artifacts` where outputs go, `inputs` the
+immutable staged model and data, `recipe` the trainer's settings, `env` the experiment's execution.env (every
+node checks its tasks got it). All URIs are absolute: a local absolute path or `s3://bucket/key`. The builder
+(`rlbuild.plan.resolve`) is its only writer; the trainer parses it once with `load_launch` and reads attributes.
+Secrets never appear in it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.validation import StrictModel
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: `allocation` and `scheduler` (2 kept both under `iris`)
 
 
 class LaunchDocumentError(RlbuildError):
@@ -75,16 +76,16 @@ class Allocation(StrictModel):
     num_nodes: int = Field(ge=1, description="whole nodes of the gang")
     gpus_per_node: int = Field(ge=1, description="GPUs on each node")
     gpu_variant: str = Field(description="e.g. H100; `cpu` for CPU ranks")
-    cpu: float | None = Field(description="CPUs per node requested from the scheduler")
-    memory: str | None = Field(description="memory per node, e.g. 512GB")
-    disk: str | None = Field(description="disk per node")
+    cpu: float | None = Field(description="CPUs per node requested from the scheduler (null: its default)")
+    memory: str | None = Field(description="memory per node, e.g. 512GB (null: the scheduler's default)")
+    disk: str | None = Field(description="disk per node (null: the scheduler's default)")
 
 
-class Iris(StrictModel):
-    cluster: str | None = Field(description="the Iris cluster, or null when the experiment sets none")
-    allocation: Allocation = Field(description="what one gang asks for")
-    priority: str | None = Field(description="Iris priority band")
-    max_retries: int | None = Field(description="Iris restarts of the whole gang")
+class SchedulerRequest(StrictModel):
+    name: str = Field(description="the scheduler whose `execution.<name>` section the experiment sets; local for none")
+    settings: dict[str, str | int | float | bool | None] = Field(
+        description="that section as the experiment sets it (placement: never part of an identity)"
+    )
 
 
 class Ingress(StrictModel):
@@ -125,10 +126,11 @@ class Inputs(StrictModel):
 
 
 class LaunchDocument(StrictModel):
-    schema_version: Literal[2] = Field(description="bumped when a field changes meaning")
+    schema_version: Literal[3] = Field(description="bumped when a field changes meaning")
     run: Run
     runtime: Runtime
-    iris: Iris
+    allocation: Allocation = Field(description="what one gang asks for")
+    scheduler: SchedulerRequest
     ingress: Ingress
     ray: Ray
     artifacts: Artifacts
@@ -151,6 +153,13 @@ def dump_launch(document: LaunchDocument) -> str:
 
 
 def parse_launch(raw: object, where: str) -> LaunchDocument:
+    written = raw.get("schema_version") if isinstance(raw, dict) else None
+    if isinstance(written, int) and written != SCHEMA_VERSION:
+        raise LaunchDocumentError(
+            f"{where} is a launch document of schema {written}, written by another rlbuild; this one reads schema "
+            f"{SCHEMA_VERSION}: re-resolve it (`snakemake --forcerun resolve_launch <target>` while nothing of "
+            "the version is trained; else a new version, or dev)"
+        )
     try:
         return LaunchDocument.model_validate(raw)
     except ValidationError as exc:

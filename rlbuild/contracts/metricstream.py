@@ -29,7 +29,7 @@ from rlbuild.core import storage, streams
 
 # The trainer's count of consecutive steps whose rewards were all 0; the eval stage warns from it.
 ZERO_REWARD_STEPS = "health/zero_reward_steps"
-# Seconds a whole step took; the Slurm plan sizes its chain from an earlier link's.
+# Seconds a whole step took; a scheduler whose jobs end at a wall-clock limit sizes its chain from an earlier run's.
 STEP_TIME = "perf/step_time_s"
 # Seconds since the trainer process started, at a step's end: with the step time, what a run of the same geometry
 # is expected to cost (the plan's training cost, `rlbuild status`'s GPU-hours used).
@@ -186,3 +186,9 @@ def used_gpu_hours(records: Sequence[Mapping[str, Any]], gpus: int) -> float | N
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+def median_step_time(records: list[dict[str, Any]]) -> float | None:
+    """The median `perf/step_time_s` of a run's metric lines (an earlier link or run of this version)."""
+    times = [float(v) for r in records if isinstance(v := r.get(STEP_TIME), int | float) and v > 0]
+    return statistics.median(times) if times else None

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import re
 from datetime import date
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlbuild.core.errors import Violation, quote
+
+LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a GPU variant, a cluster name: one path or label segment
+SIZE_PATTERN = re.compile(r"(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.ASCII)
+SIZE_UNITS = {
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+MAX_SIZE_BYTES = 2**50  # 1 PiB: no node has more memory or disk
 
 
 class StrictModel(BaseModel):
@@ -74,3 +89,18 @@ def _value_at(raw: Any, loc: tuple[Any, ...]) -> Any:
         except (KeyError, IndexError, TypeError):
             return None
     return raw
+
+
+def size_bytes(value: str) -> int:
+    """Bytes of a size like '512GB' or '64GiB'; ValueError naming the accepted forms otherwise."""
+    match = SIZE_PATTERN.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
+    return int(float(match[1]) * SIZE_UNITS[match[3]])
+
+
+def node_size(value: str) -> str:
+    """A node's memory or disk, checked to be a size some node has."""
+    if not 0 < size_bytes(value) <= MAX_SIZE_BYTES:
+        raise ValueError(f"{value!r} is not a size a node has; give more than 0 and at most 1PB")
+    return value.strip()

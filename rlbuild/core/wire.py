@@ -1,7 +1,7 @@
 """The job wire contract: what a job may receive from the submitting environment, the variables rlbuild sets for
 it, and the exit codes a job answers with.
 
-One place for the rules every executor applies (Iris, Slurm): which variables travel to a job, which never do,
+One place for the rules every executor applies: which variables travel to a job, which never do,
 which names hold secrets (redacted wherever text is shown), the ports a gang task asks for, and the names and
 codes the submitting side and the node side (the gang, the chain, the trainer) read from each other.
 Dependency-free on purpose: executor plugins import it on every Snakemake start.
@@ -39,7 +39,8 @@ NEVER_FORWARDED = re.compile(r"^(AWS_|R2_)")
 
 # `--config allow_retrain=true` reaches the train job as this variable (a rule param would be provenance).
 ALLOW_RETRAIN = "RLBUILD_ALLOW_RETRAIN"
-# Epoch seconds at which the trainer checkpoints and exits CONTINUE_EXIT_CODE (set by the Slurm chain).
+# Epoch seconds at which the trainer checkpoints and exits CONTINUE_EXIT_CODE (set by a chain of jobs that
+# crosses wall-clock limits).
 STOP_AT_ENV = "RLBUILD_STOP_AT"
 # The folder a trainer's local Ray keeps its session in, made and removed by `rlbuild train` (the supervisor
 # removes it whatever ended the trainer, SIGKILL included: rlbuild/job/interrupts.py).
@@ -53,7 +54,7 @@ NOT_RETRYABLE_EXIT_CODE = 3  # the gang met a failure a retry would meet again (
 # The Ray custom resource each gang rank's node carries, so the trainer pins layout node i to rank i.
 RANK_RESOURCE = "rlbuild_rank_{rank}"
 
-# Each gang task asks its scheduler for one port per name (Iris: IRIS_PORT_<NAME>), so several Ray nodes can
+# Each gang task asks its scheduler for one port per name, so several Ray nodes can
 # share a host.
 RAY_PORT_NAMES = (
     "ray_gcs",
@@ -67,17 +68,18 @@ RAY_PORT_NAMES = (
 )
 
 
-# The official Slurm plugin submits with `sbatch --export=ALL`: a job gets the submitting process's environment.
-# Under Slurm that environment is cut to the allow-list plus what a process needs to run (no secrets among them).
+# Under a scheduler whose jobs get the submitting process's environment, that environment is cut to the allow-list
+# plus what a process needs to run (no secrets among them) and the scheduler's own variables.
 PROCESS_BASICS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR")
 PROCESS_BASICS += ("VIRTUAL_ENV", "PYTHONPATH", "HF_HOME")
-PROCESS_PREFIXES = ("LC_", "XDG_", "SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+PROCESS_PREFIXES = ("LC_", "XDG_")
 
 
 # `execution.env`: plain variables an experiment sets for its jobs' tasks (seed 003's extra_env).
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-# Set by rlbuild, Snakemake, the schedulers or Ray themselves: an experiment setting one would fight them.
-RESERVED_PREFIXES = ("RLBUILD_", "SNAKEMAKE_", "IRIS_", "RAY_", "SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+# Set by rlbuild, Snakemake or Ray themselves (and each scheduler's own, `Scheduler.variable_prefixes`): an
+# experiment setting one would fight them.
+RESERVED_PREFIXES = ("RLBUILD_", "SNAKEMAKE_", "RAY_")
 # Of these variables, the ones that change what a run computes (reduction order, precision, kernels), not only how
 # fast or where it runs: they enter the launch identity; every other `execution.env` variable is placement.
 NUMERIC_ENV = (
@@ -91,8 +93,9 @@ NUMERIC_ENV = (
 )
 
 
-def job_env_problems(env: Mapping[str, str]) -> list[str]:
-    """Why each `execution.env` name cannot be set for a job, one sentence per name (empty: all can)."""
+def job_env_problems(env: Mapping[str, str], scheduler_prefixes: tuple[str, ...] = ()) -> list[str]:
+    """Why each `execution.env` name cannot be set for a job, one sentence per name (empty: all can);
+    `scheduler_prefixes`: the variables the schedulers set in their tasks."""
     problems = []
     for name in env:
         if not ENV_NAME.match(name):
@@ -104,7 +107,7 @@ def job_env_problems(env: Mapping[str, str]) -> list[str]:
             )
         elif NEVER_FORWARDED.match(name):
             problems.append(f"{name}: AWS_*/R2_* never reach a job; the cluster injects its own storage credentials")
-        elif name.startswith(RESERVED_PREFIXES) or name in PROCESS_BASICS:
+        elif name.startswith(RESERVED_PREFIXES + scheduler_prefixes) or name in PROCESS_BASICS:
             problems.append(f"{name} is set by rlbuild, Snakemake, the scheduler or the node itself; leave it to them")
     return problems
 
@@ -133,13 +136,16 @@ def forwarded(environ: Mapping[str, str], extra: list[str] | tuple[str, ...] = (
     return env
 
 
-def restrict_to_forwarded(environ: MutableMapping[str, str], job_env: Collection[str] = ()) -> list[str]:
+def restrict_to_forwarded(
+    environ: MutableMapping[str, str], job_env: Collection[str] = (), scheduler_prefixes: tuple[str, ...] = ()
+) -> list[str]:
     """Remove from `environ` every variable a job must not receive; return the names removed (never values).
 
-    What stays is `forwarded(environ)`, the process basics (PATH, HOME, locale, Slurm's own settings...) and the
-    experiment's `execution.env` names (`job_env`, checked by `job_env_problems`).
+    What stays is `forwarded(environ)`, the process basics (PATH, HOME, locale...), the scheduler's own settings
+    (`scheduler_prefixes`) and the experiment's `execution.env` names (`job_env`, checked by `job_env_problems`).
     """
-    keep = set(forwarded(environ)) | {n for n in environ if n in PROCESS_BASICS or n.startswith(PROCESS_PREFIXES)}
+    kept_prefixes = PROCESS_PREFIXES + scheduler_prefixes
+    keep = set(forwarded(environ)) | {n for n in environ if n in PROCESS_BASICS or n.startswith(kept_prefixes)}
     keep |= {n for n in job_env if n in environ}
     removed = sorted(name for name in environ if name not in keep or NEVER_FORWARDED.match(name))
     for name in removed:

@@ -1,8 +1,9 @@
-"""The gang bootstrap: every task of a gang runs `python -m rlbuild.job.gang [options] -- <job step>`.
+"""The gang bootstrap: every task of a gang runs `python -m rlbuild.schedulers.gangtask [options] -- <job step>`,
+which finds the scheduler whose task it is and calls `main` here.
 
-On Iris the job step is the Snakemake job; on Slurm it is the trainer, started by `rlbuild train` in the job's
-batch step over srun (rlbuild/job/chain.py). Rank, attempt, ports and address come from the task's scheduler
-(`rlbuild/schedulers/`: Iris's or Slurm's variables).
+The job step is the Snakemake job where the scheduler runs Snakemake jobs as gangs, or the trainer where a train
+job starts its gang itself (a chain of jobs across wall-clock limits). Rank, attempt, ports and address come from
+the task's scheduler (`GangScheduler`, implemented under `rlbuild/schedulers/`).
 
 Rank 0 clears earlier attempts' rendezvous state, starts the Ray head, publishes its address, waits until all
 N nodes have joined (naming the missing ranks on timeout), runs the job step (the Snakemake job that runs the
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rlbuild.contracts.progress import HEARTBEAT_S
 from rlbuild.core import storage
@@ -36,16 +37,29 @@ from rlbuild.core.errors import RlbuildError
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE, RANK_RESOURCE
 from rlbuild.job import interrupts
-from rlbuild.job.rendezvous import Rendezvous, RendezvousError
-from rlbuild.schedulers.registry import task_scheduler
+from rlbuild.job.rendezvous import Rendezvous, RendezvousError, TaskIdentity
 
 if TYPE_CHECKING:
     from rlbuild.contracts.launch import LaunchDocument
 
-WORKER_PORT_BASE = 20000  # outside Iris's local port allocator (12000-13999); one range per rank
+WORKER_PORT_BASE = 20000  # outside the schedulers' own port ranges (a local cluster's: 12000-13999); one per rank
 WORKER_PORTS_PER_RANK = 400
 RAY_STOP_GRACE_S = 10.0
-WARNING_SIGNAL = signal.SIGUSR1  # Slurm's `--signal=USR1@<lead>`
+# The wall-clock warning a scheduler sends every process of a job before its limit (`--signal=USR1@<lead>`); only
+# the trainer acts on it (trainer/continuation.py).
+WARNING_SIGNAL = signal.SIGUSR1
+
+
+class GangScheduler(Protocol):
+    """What the bootstrap asks of the scheduler whose task it is (rlbuild/schedulers/base.py implements it)."""
+
+    def task(self, environ: Mapping[str, str]) -> TaskIdentity: ...
+
+    def gang_ports(self, environ: Mapping[str, str], rank: int) -> dict[str, int]: ...
+
+    def advertise_host(self, environ: Mapping[str, str]) -> str: ...
+
+    def refuse_retry(self, environ: Mapping[str, str], log: Callable[[str], None]) -> None: ...
 
 
 def log(message: str) -> None:
@@ -125,8 +139,9 @@ class RayNode:
 
 
 def _ray_node_child(bootstrap: int) -> Callable[[], None]:
-    """The `ray start` child dies with this bootstrap, so a killed rank never leaves its Ray node running (Iris
-    would not see the task end while the node holds its output open), and ignores Slurm's warning."""
+    """The `ray start` child dies with this bootstrap, so a killed rank never leaves its Ray node running (a
+    scheduler would not see the task end while the node holds its output open), and ignores the wall-clock
+    warning."""
     die = interrupts.die_with(bootstrap)
 
     def preexec() -> None:
@@ -137,8 +152,8 @@ def _ray_node_child(bootstrap: int) -> Callable[[], None]:
 
 
 def ignore_warning() -> None:
-    """In a child before exec: ignore Slurm's wall-clock warning (SIGUSR1), which Slurm sends to every process of
-    the step; only the trainer, which installs its own handler, acts on it (trainer/continuation.py)."""
+    """In a child before exec: ignore the wall-clock warning (WARNING_SIGNAL), which the scheduler sends to every
+    process of the step; only the trainer, which installs its own handler, acts on it (trainer/continuation.py)."""
     signal.signal(WARNING_SIGNAL, signal.SIG_IGN)
 
 
@@ -202,7 +217,7 @@ def materialise(launch: str | None, cache_dir: Path) -> None:
 
 class NotRetryableError(RlbuildError):
     """A failure the same job would meet again on retry: the task exits NOT_RETRYABLE_EXIT_CODE and asks its
-    scheduler not to restart it (`Scheduler.refuse_retry`: Iris cancels the gang's job)."""
+    scheduler not to restart it (`refuse_retry`: cancel the gang's job where its scheduler would retry it)."""
 
 
 class RuntimeMismatchError(NotRetryableError):
@@ -277,7 +292,7 @@ def check_rollout_backend(document: LaunchDocument) -> None:
             f"starts. Use an image with harbor (runtime.image), or the lock's {extra!r} extra."
         )
 
-    backend, allocation = document.recipe.generator.backend, document.iris.allocation
+    backend, allocation = document.recipe.generator.backend, document.allocation
     needs_vllm = backend == "vllm" or (backend == "auto" and allocation.gpu_variant.lower() != CPU_VARIANT)
     if needs_vllm and importlib.util.find_spec("vllm") is None:
         image = document.runtime.image
@@ -379,8 +394,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     command = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m rlbuild.job.gang", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, required=True, help="gang size (Iris replicas, Slurm nodes)")
+    parser = argparse.ArgumentParser(prog="python -m rlbuild.schedulers.gangtask", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, required=True, help="gang size (the job's tasks, one per node)")
     parser.add_argument(
         "--rendezvous-root",
         help="folder or s3:// URI holding per-job folders (default: the launch's ray.rendezvous_dir)",
@@ -399,14 +414,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, command
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    # First, before anything slow: Slurm sends its wall-clock warning once, to every process of the step, and a link
-    # with a lead close to its limit gets it within seconds of starting. Its default action kills the task, so a
-    # rank still reading its launch document died of it under load instead of handing over (the chain then waited
-    # out the limit).
+def listen_for_warning() -> None:
+    """First, before anything slow: a scheduler sends its wall-clock warning once, to every process of the step, and
+    a link with a lead close to its limit gets it within seconds of starting. Its default action kills the task, so
+    a rank still reading its launch document died of it under load instead of handing over (the chain then waited
+    out the limit)."""
     signal.signal(WARNING_SIGNAL, _warned)
-    args, command = parse_args(sys.argv[1:] if argv is None else argv)
-    scheduler = task_scheduler(os.environ)
+
+
+def main(argv: Sequence[str], scheduler: GangScheduler) -> int:
+    args, command = parse_args(argv)
     try:
         check_runtime(args.launch, os.environ)
         task = scheduler.task(os.environ)
@@ -432,7 +449,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlbuildError as error:
         log(f"error: {error}")
         return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -17,10 +17,26 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
+
+
+class GangTaskError(RlbuildError):
+    """This process cannot take its part in a gang: its environment does not say which task of which scheduler job
+    it is, or it found no ports to offer its peers."""
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Which task of the gang this process is: its job, its rank, and the job's attempt (a fresh rendezvous each)."""
+
+    job: str
+    rank: int
+    attempt: int
+    scheduler: str
 
 
 class RendezvousError(RlbuildError):

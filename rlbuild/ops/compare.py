@@ -73,7 +73,7 @@ def read_arm(launch_uri: str, results_uri: str) -> ArmRun:
     if arm is None:
         raise CompareError(f"{launch_uri} is the launch of {launch.run.version}, which is no arm of a series")
     records, _ = read_run_metrics(launch.artifacts.metrics_uri, launch.artifacts.metrics_segments_root)
-    allocation = launch.iris.allocation
+    allocation = launch.allocation
     text = storage.read_text(results_uri)
     if text is None:
         raise CompareError(f"{results_uri} does not exist: {arm} is not evaluated (build eval/v{launch.run.version})")

@@ -38,6 +38,7 @@ import psutil
 from rlbuild.contracts.artifacts import RECORD_NAME, key_of_target, kind_of_target
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
+from rlbuild.schedulers.registry import job_here
 
 HEARTBEAT_S = 15.0
 STALE_S = 120.0  # 8 missed heartbeats, by storage's clock: the holder is gone
@@ -115,7 +116,10 @@ class Holder:
     pid: int = field(default_factory=os.getpid)
     started: float = field(default_factory=lambda: _started(os.getpid()))
     boot: str = field(default_factory=_boot_id)
-    job: str = field(default_factory=lambda: os.environ.get("IRIS_TASK_ID") or os.environ.get("SLURM_JOB_ID") or "")
+    # The scheduler job this run is part of (a coordinator's, a train job's), as its scheduler names it: status
+    # asks that scheduler whether the job ended.
+    scheduler: str = field(default_factory=lambda: (job_here(os.environ) or ("", ""))[0])
+    job: str = field(default_factory=lambda: (job_here(os.environ) or ("", ""))[1])
     since: str = field(default_factory=_now)
 
     def document(self) -> str:

@@ -46,7 +46,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,7 +73,6 @@ from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import INTERRUPTED_EXIT_CODE
 from rlbuild.job.attempt import log_uri
 from rlbuild.job.rendezvous import Rendezvous
-from rlbuild.ops.coordinator import following
 from rlbuild.ops.lease import STALE_S, broken_text, describe, holder_is_gone, leases_and_breaks
 from rlbuild.plan import series
 from rlbuild.plan.identity import record_drift
@@ -81,7 +80,7 @@ from rlbuild.plan.resolve import Plan, resolve
 from rlbuild.plan.spec import Execution, Experiment
 from rlbuild.plan.versioning import StoredRecords, read_ahead
 from rlbuild.schedulers.base import Phase, SchedulerUnavailableError
-from rlbuild.schedulers.registry import UnknownSchedulerError, scheduler_for
+from rlbuild.schedulers.registry import SCHEDULERS, UnknownSchedulerError, scheduler_for
 
 # Without a measured step time, a training is stalled after 10 minutes without a step; with one, after
 # STALL_STEPS steps' worth (checkpoints and evals take a few steps' time), never under STALL_FLOOR_S.
@@ -113,7 +112,8 @@ Entry = dict[str, Any]
 @dataclass(frozen=True)
 class Options:
     stall_after_s: float | None = None  # None: from the measured step time (stall_threshold)
-    iris_url: str | None = None  # the controller to ask about Iris jobs (None: storage only)
+    # Where each scheduler that answers at an address does (a controller's URL), by name (absent: storage only).
+    addresses: dict[str, str] = field(default_factory=dict)
     verify: bool = False  # read every file of train's checkpoint against its manifest (`rlbuild status --verify`)
 
 
@@ -140,7 +140,7 @@ def gather(
         for kind, entry in found[version].items():
             if isinstance(entry, dict) and (recorded := breaks.get(f"{kind}/v{version}")):
                 entry["lease_broken"] = broken_text(recorded[-1])  # the last break: who freed it, when, from whom
-    coordinators = following(root, opts.iris_url)
+    coordinators = following(root, opts)
     document = {"experiment": experiment.name, "storage_root": storage_root, "versions": found}
     return document | {"coordinators": coordinators, "verdict": overall(found, coordinators)}
 
@@ -168,7 +168,8 @@ def overall(versions: Entry, coordinators: list[Entry] | None = None) -> str:
     for coordinator in coordinators or []:
         if coordinator.get("job_phase") == Phase.FAILED.value and not _targets_done(coordinator, shown):
             targets = " ".join(coordinator.get("targets") or [])
-            return f"failed: coordinator Iris job {coordinator['job']} is {coordinator.get('job_state')} ({targets})"
+            job = f"{title(coordinator.get('scheduler'))} job {coordinator['job']}"
+            return f"failed: coordinator {job} is {coordinator.get('job_state')} ({targets})"
     for word in ("stalled", "degraded", "healthy", "starting"):
         for entry in entries:
             if str(entry.get("verdict", "")).startswith(word):
@@ -345,7 +346,7 @@ def gpu_hours_used(plan: Plan, stored: StoredRecords) -> float | None:
 
 
 def _gpu_hours(records: list[Entry], launch: LaunchDocument) -> float | None:
-    allocation = launch.iris.allocation
+    allocation = launch.allocation
     used = used_gpu_hours(records, allocation.num_nodes * allocation.gpus_per_node)
     return None if used is None else round(used, 6)
 
@@ -386,10 +387,8 @@ def owner_gone(lease: Entry, now: float, opts: Options) -> str | None:
     age = float(lease.get("age_s", 0.0))  # by storage's clock (rlbuild/ops/lease.py), not the holder's
     if age > STALE_S:
         return f"stopped heartbeating {age / 60:.0f} min ago"
-    task = str(lease.get("job") or "")
-    # The lease's `job` is IRIS_TASK_ID (`/<user>/<job>/<index>:<attempt>`) or SLURM_JOB_ID (digits).
-    scheduler, job = ("iris", task.rpartition("/")[0]) if task.startswith("/") else ("slurm", task)
-    if not job:
+    scheduler, job = str(lease.get("scheduler") or ""), str(lease.get("job") or "")
+    if not scheduler or not job:  # a local run, or a lease that does not say which scheduler's job it ran in
         return None
     state = scheduler_state(scheduler, job, opts)
     if Phase(state["job_phase"]).ended:
@@ -442,7 +441,7 @@ def train_ladder(
         "last_checkpoint": checkpoint,
         "gpu_hours": _gpu_hours(records, launch),  # so far, every attempt counted
         **pace(records, max_steps, last_step if last_step is not None else -1, progress, starts),
-        "gang": gang_state(launch.ray.rendezvous_dir, launch.iris.allocation.num_nodes, opts, now),
+        "gang": gang_state(launch.ray.rendezvous_dir, launch.allocation.num_nodes, opts, now),
     }
     attempt = last_attempt(a.attempts_root)
     ladder["attempt"] = attempt
@@ -611,7 +610,7 @@ def gang_state(rendezvous_dir: str, nodes: int, opts: Options, now: float) -> En
     alive = sorted(r for r, t in beats.items() if now - t <= 3 * HEARTBEAT_S)
     found: Entry = {
         "job": head.get("job"),
-        "scheduler": head.get("scheduler", "iris"),
+        "scheduler": head.get("scheduler"),
         "attempt": head["attempt"],
         "nodes_expected": int(head.get("nodes", nodes)),
         "nodes_alive": alive,
@@ -621,12 +620,12 @@ def gang_state(rendezvous_dir: str, nodes: int, opts: Options, now: float) -> En
     return found | scheduler_state(found["scheduler"], found["job"], opts)
 
 
-def scheduler_state(scheduler: str, job: str | None, opts: Options) -> Entry:
+def scheduler_state(scheduler: str | None, job: str | None, opts: Options) -> Entry:
     """The authoritative state of a job from its scheduler, or why it could not be asked."""
-    if not job:
+    if not job or not scheduler:
         return {"job_state": None, "job_phase": Phase.UNKNOWN.value, "job_state_note": "no scheduler job (a local run)"}
     try:
-        state = scheduler_for(scheduler, opts.iris_url, where="head.json").job_states([job])[job]
+        state = scheduler_for(scheduler, opts.addresses.get(scheduler), where="head.json").job_states([job])[job]
     except (SchedulerUnavailableError, UnknownSchedulerError) as error:
         return {"job_state": None, "job_phase": Phase.UNKNOWN.value, "job_state_note": str(error)}
     return {"job_state": state.word, "job_phase": state.phase.value, "job_state_note": state.note}
@@ -661,7 +660,7 @@ def verdict(state: str, ladder: Entry, entry: Entry, opts: Options) -> str:
             return str(entry["verdict"]) + still
         attempt, gang = ladder.get("attempt") or {}, ladder.get("gang") or {}
         if job_ended(gang):
-            return f"failed: {gang.get('scheduler', 'iris')} job {gang.get('job')} is {gang['job_state']}"
+            return f"failed: {gang.get('scheduler')} job {gang.get('job')} is {gang['job_state']}"
         last = next((line for line in reversed(attempt.get("tail", [])) if "exited with code" not in line), "")
         if cause := storage_refusal(attempt.get("tail", [])):
             return f"failed: {cause} (attempt {attempt.get('id')} exited with code {attempt.get('exit_code')})"
@@ -701,8 +700,31 @@ def storage_refusal(tail: list[str]) -> str | None:
     return None
 
 
-def iris_url_from_environment() -> str | None:
-    return os.environ.get("SNAKEMAKE_IRIS_CONTROLLER_URL") or None
+def addresses_from_environment() -> dict[str, str]:
+    """Each scheduler's address as its executor plugin reads it from the environment, where set."""
+    found = {}
+    for name, cls in SCHEDULERS.items():
+        option = cls.address_option
+        if option is not None and os.environ.get(option.variable):
+            found[name] = os.environ[option.variable]
+    return found
+
+
+def following(experiment_root: str, opts: Options) -> list[Entry]:
+    """The detached coordinators of this experiment root with their job state, for every scheduler that runs
+    them."""
+    return [
+        entry
+        for name, cls in SCHEDULERS.items()
+        if cls.runs_coordinators
+        for entry in cls(opts.addresses.get(name)).coordinators(experiment_root)
+    ]
+
+
+def title(scheduler: object) -> str:
+    """A scheduler's name as a sentence names it (the recorded name where rlbuild knows no such scheduler)."""
+    cls = SCHEDULERS.get(str(scheduler))
+    return cls.title if cls is not None else str(scheduler)
 
 
 def target_selection(targets: list[str]) -> tuple[list[str], list[str] | None]:

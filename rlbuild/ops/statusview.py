@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlbuild.ops.status import errors_text
+from rlbuild.ops.status import errors_text, title
 
 LADDER_TAIL = 8
 
@@ -21,7 +21,7 @@ def format_status(document: dict[str, Any]) -> str:
     lines = [f"experiment {document['experiment']} in {document['storage_root']}"]
     for coordinator in document.get("coordinators", []):
         state = coordinator.get("job_state") or f"state unknown: {coordinator.get('job_state_note')}"
-        lines.append(f"coordinator Iris job {coordinator['job']}: {state}")
+        lines.append(f"coordinator {title(coordinator.get('scheduler'))} job {coordinator['job']}: {state}")
     for version, kinds in document["versions"].items():
         lines.append(f"v{version}")
         if "error" in kinds:

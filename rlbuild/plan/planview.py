@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts.artifacts import ARTIFACTS, is_mutable, terminal_stage
 from rlbuild.contracts.layout import pack
 from rlbuild.contracts.metricstream import Rate
-from rlbuild.contracts.runtime import REPO_ROOT
 from rlbuild.core.redact import redact
 from rlbuild.core.wire import numeric_env
+from rlbuild.plan import scheduling
 from rlbuild.plan.modelcheck import source_model_config
 from rlbuild.plan.preflight import rollout_backend
 from rlbuild.plan.resolve import Plan
 from rlbuild.plan.roleplan import shape_of_plan
-from rlbuild.plan.slurm import expected_links, format_shared_disk, shared_disk
+from rlbuild.schedulers.base import PlanFacts
 
 UNKNOWN_FIX = (
     "run the series' smoke arm (smoke: true) or an earlier version of this geometry, or declare execution.step_time_s"
@@ -72,29 +70,6 @@ def artifact_uris(plan: Plan) -> dict[str, str]:
     return {a.kind: plan.uri(a.path(plan.key_of(a.kind))) for a in ARTIFACTS if a.kind in plan.records}
 
 
-def slurm_dict(plan: Plan, measured_step_time: float | None) -> dict[str, Any] | None:
-    """The Slurm placement and the chain it implies: one job per link of `time_limit`, at most `max_links`."""
-    placement = plan.experiment.execution.slurm
-    if placement is None:
-        return None
-    configured = placement.step_time_s
-    step_time = configured if configured is not None else measured_step_time
-    source = "configured" if configured is not None else ("measured" if step_time is not None else None)
-    return {
-        **placement.model_dump(exclude={"step_time_s"}),
-        "step_time_s": step_time,
-        "step_time_source": source,
-        "expected_links": expected_links(placement, plan.recipe.trainer.max_steps, step_time),
-        "shared_disk": shared_disk(REPO_ROOT, Path(sys.executable)),
-    }
-
-
-# The executors whose own lines a plan prints (None: a cluster executor not known yet, as in a cluster dry run or
-# the plan file a rule writes: every scheduler's lines).
-SLURM_LINES = (None, "slurm")
-IRIS_LINES = (None, "iris")
-
-
 def plan_dict(
     plan: Plan,
     terminal: str | None = None,
@@ -102,8 +77,8 @@ def plan_dict(
     cost: Cost | None = None,
     executor: str | None = None,
 ) -> dict[str, Any]:
-    """The plan as data; `executor` ("local", "slurm", "iris"; None when not known) drops another scheduler's
-    placement, and `terminal` defaults to what the default target builds."""
+    """The plan as data; `executor` (a Snakemake executor's name; None when not known) drops another scheduler's
+    part, and `terminal` defaults to what the default target builds."""
     e, g, launch = plan.experiment, plan.geometry, plan.launch
     rp = e.role_plan
     return redact(
@@ -117,14 +92,10 @@ def plan_dict(
             "nodes": {**asdict(plan.nodes), "description": plan.nodes.describe()},
             "model_config": model_config_dict(plan),
             "jobs": {kind: getattr(e.execution, kind).model_dump() for kind in ("export", "eval")},
-            "allocation": {**launch.iris.allocation.model_dump(), "total_gpus": g.allocated_gpus},
-            "placement": {
-                "cluster": launch.iris.cluster,
-                "priority": launch.iris.priority,
-                "max_retries": launch.iris.max_retries,
-            },
+            "allocation": {**launch.allocation.model_dump(), "total_gpus": g.allocated_gpus},
+            "scheduler": launch.scheduler.name,
             "executor": executor,
-            "slurm": slurm_dict(plan, measured_step_time) if executor in SLURM_LINES else None,
+            "schedulers": scheduling.plan_sections(e, _facts(plan, measured_step_time), executor),
             "cost": None if cost is None else cost.as_dict(),
             "sandbox": sandbox_dict(plan),
             "env": {
@@ -166,23 +137,8 @@ def geometry_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def format_slurm(slurm: dict[str, Any] | None, max_steps: int) -> list[str]:
-    if slurm is None:
-        return []
-    if slurm["expected_links"] is None:
-        expected = "expected links unknown (no step time: set execution.slurm.step_time_s)"
-    else:
-        expected = (
-            f"expected {slurm['expected_links']} ({max_steps} steps x {slurm['step_time_s']:g} s "
-            f"{slurm['step_time_source']})"
-        )
-    return [
-        f"  slurm          account {slurm['account'] or '-'}, partition {slurm['partition'] or '-'}, "
-        f"qos {slurm['qos'] or '-'}; whole nodes, exclusive, one task per node",
-        f"  chain          wall-clock limit {slurm['time_limit']} per link, checkpoint and hand-over "
-        f"{slurm['signal_lead_s']} s before it; at most {slurm['max_links']} link(s), {expected}",
-        format_shared_disk(slurm["shared_disk"]),
-    ]
+def _facts(plan: Plan, measured_step_time: float | None) -> PlanFacts:
+    return scheduling.plan_facts(plan.experiment, plan.recipe, measured_step_time)
 
 
 def sandbox_dict(plan: Plan) -> dict[str, Any] | None:
@@ -284,14 +240,6 @@ def format_allocation(alloc: dict[str, Any]) -> str:
     return f"{held}; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}"
 
 
-def format_placement(place: dict[str, Any], executor: str | None) -> list[str]:
-    """Iris's placement: printed where Iris (or a cluster executor not known yet) runs the jobs."""
-    if executor not in IRIS_LINES:
-        return []
-    where = f"cluster {place['cluster']}, priority {place['priority']}, retries {place['max_retries']}"
-    return [f"  placement      {where}"]
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -304,7 +252,7 @@ def format_plan(
     executor: str | None = None,
 ) -> str:
     d = plan_dict(plan, terminal, measured_step_time, cost, executor)
-    geo, bat, alloc, place = d["geometry"], d["batches"], d["allocation"], d["placement"]
+    geo, bat, alloc = d["geometry"], d["batches"], d["allocation"]
     mode = "mutable: rebuilds when inputs change" if d["mutable"] else "immutable"
     roles = (
         f"{'colocated' if geo['colocate_all'] else 'separate'}: policy {geo['policy']} = {geo['policy_gpus']} GPUs; "
@@ -320,8 +268,7 @@ def format_plan(
         f"  rollout        {format_rollout(d['rollout'], d['nodes'])}",
         f"  model          {format_model_config(d['model_config'])}",
         f"  allocation     {format_allocation(alloc)}",
-        *format_placement(place, executor),
-        *format_slurm(d["slurm"], bat["max_steps"]),
+        *scheduling.plan_lines(d["schedulers"], _facts(plan, measured_step_time)),
         f"  export, eval   {d['jobs']['export']['cpu']} CPUs, {d['jobs']['export']['memory']}; "
         f"{d['jobs']['eval']['cpu']} CPUs, {d['jobs']['eval']['memory']}",
         *format_env(d["env"]),

@@ -20,12 +20,12 @@ from rlbuild.core.errors import MissingCredential, PreflightError, Violation
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import is_secret_name
 from rlbuild.core.yamlfile import load_yaml
+from rlbuild.plan import scheduling
 from rlbuild.plan.environments import check_environments, check_sandbox
 from rlbuild.plan.identity import flatten
 from rlbuild.plan.modelcheck import check_base_model, check_model, source_model_config
 from rlbuild.plan.noderuntime import NodeRuntime, image_problems, node_runtime, on_gpus
 from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
-from rlbuild.plan.slurm import check_chain
 from rlbuild.plan.spec import Experiment, RolePlan, Runtime, Topology
 
 # Strategies this runtime can execute, and the package that would provide the others.
@@ -321,9 +321,7 @@ def _check_experiment(experiment: Experiment, shares_venv: bool) -> tuple[Recipe
         nodes = node_runtime(experiment, shares_venv=shares_venv)
         violations_found += check_backend(experiment, recipe, nodes) + check_sandbox(experiment, recipe, nodes)
         violations_found += image_problems(experiment, shares_venv=shares_venv)
-        t, placement = recipe.trainer, experiment.execution.slurm
-        step_time = placement.step_time_s if placement else None
-        violations_found += check_chain(experiment, t.max_steps, t.ckpt_interval, step_time)
+        violations_found += scheduling.problems(experiment, recipe)
     model_config = source_model_config(experiment).values
     if model_config is not None:
         violations_found += check_model(model_config, experiment, recipe)

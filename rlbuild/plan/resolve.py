@@ -17,18 +17,18 @@ from rlbuild.contracts.launch import (
     Ingress,
     Input,
     Inputs,
-    Iris,
     LaunchDocument,
     Ray,
     Run,
     Runtime,
+    SchedulerRequest,
 )
 from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe
 from rlbuild.contracts.sources import FOLDER_SCHEMES, parse_source
 from rlbuild.core.errors import MissingCredential, PreflightError
 from rlbuild.core.storage import join
 from rlbuild.core.wire import numeric_env
-from rlbuild.plan import environments, series
+from rlbuild.plan import environments, scheduling, series
 from rlbuild.plan.identity import derived_record, make_record
 from rlbuild.plan.modelcheck import BASE_MODEL_SOURCE, base_model_revision
 from rlbuild.plan.noderuntime import NodeRuntime, node_runtime
@@ -174,23 +174,19 @@ def _launch_fields(
     return launch_fields
 
 
-def _iris_section(experiment: Experiment) -> Iris:
-    """The launch document's scheduler request: the allocation, and Iris's own settings where the experiment sets
-    them."""
-    iris, topology = experiment.execution.iris, experiment.topology
-    return Iris(
-        cluster=iris.cluster if iris else None,
-        allocation=Allocation(
-            num_nodes=topology.num_nodes,
-            gpus_per_node=topology.gpus_per_node,
-            gpu_variant=topology.gpu_variant,
-            cpu=iris.cpu if iris else None,
-            memory=iris.memory if iris else None,
-            disk=iris.disk if iris else None,
-        ),
-        priority=iris.priority if iris else None,
-        max_retries=iris.max_retries if iris else None,
+def _allocation(experiment: Experiment) -> tuple[Allocation, SchedulerRequest]:
+    """What one gang asks for, and which scheduler runs it with which of its settings."""
+    name, settings, sizes = scheduling.launch_scheduler(experiment)
+    topology = experiment.topology
+    allocation = Allocation(
+        num_nodes=topology.num_nodes,
+        gpus_per_node=topology.gpus_per_node,
+        gpu_variant=topology.gpu_variant,
+        cpu=sizes.get("cpu"),
+        memory=sizes.get("memory"),
+        disk=sizes.get("disk"),
     )
+    return allocation, SchedulerRequest(name=name, settings=settings)
 
 
 def build_launch(
@@ -198,6 +194,7 @@ def build_launch(
 ) -> LaunchDocument:
     """The launch document of a resolved version (rlbuild/contracts/launch.py says what each section means)."""
     temporary = temporary_paths(experiment, version, records["train"]["fingerprint"])
+    allocation, scheduler = _allocation(experiment)
     data_root = join(root, artifact("stage_data").version_folder(records["stage_data"]["version"]))
     data_identity = records["stage_data"]["identity"]
     return LaunchDocument(
@@ -217,7 +214,8 @@ def build_launch(
             image=experiment.runtime.image,
             image_provides=experiment.runtime.image_provides,
         ),
-        iris=_iris_section(experiment),
+        allocation=allocation,
+        scheduler=scheduler,
         ingress=Ingress(mode="ray_actors"),
         ray=Ray(address=None, rendezvous_dir=join(root, temporary.attempts, "rendezvous")),
         artifacts=Artifacts(

@@ -12,32 +12,20 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, create_model, field_validator
 
 from rlbuild.contracts.artifacts import DEFAULT_LICENSE
 from rlbuild.contracts.launch import PINNED_SIF
 from rlbuild.contracts.recipe import SandboxBackend
 from rlbuild.core.errors import Violation, quote
-from rlbuild.core.validation import StrictModel
+from rlbuild.core.validation import LABEL, StrictModel, node_size, size_bytes
 from rlbuild.core.wire import job_env_problems
+from rlbuild.schedulers.registry import SCHEDULERS
 
 # ASCII digits only (`\d` alone also takes full-width and Arabic-Indic ones, which int() reads as the same number).
 CALENDAR_VERSION = re.compile(r"(\d{4})\.(\d{2})\.(\d{2})(?:\.(\d{1,4}))?", re.ASCII)
 MUTABLE_VERSION = "dev"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-LABEL = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"  # a GPU variant, a cluster name: one path or label segment
-SIZE_PATTERN = re.compile(r"(\d+(\.\d+)?)\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.ASCII)
-SIZE_UNITS = {
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KiB": 2**10,
-    "MiB": 2**20,
-    "GiB": 2**30,
-    "TiB": 2**40,
-}
-MAX_SIZE_BYTES = 2**50  # 1 PiB: no node has more memory or disk
 
 # Upper bounds far beyond any cluster, so that no check's cost grows with a mistyped number's magnitude.
 MAX_NODES = 4096
@@ -198,92 +186,6 @@ class Retention(StrictModel):
     temporary_storage_ttl_days: int = Field(ge=1, le=3650)
 
 
-def size_bytes(value: str) -> int:
-    """Bytes of a size like '512GB' or '64GiB'; ValueError naming the accepted forms otherwise."""
-    match = SIZE_PATTERN.fullmatch(value.strip()) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"{value!r} is not a size; write it like '512GB' or '64GiB'")
-    return int(float(match[1]) * SIZE_UNITS[match[3]])
-
-
-def node_size(value: str) -> str:
-    """A node's memory or disk, checked to be a size some node has."""
-    if not 0 < size_bytes(value) <= MAX_SIZE_BYTES:
-        raise ValueError(f"{value!r} is not a size a node has; give more than 0 and at most 1PB")
-    return value.strip()
-
-
-class IrisExecution(StrictModel):
-    """Placement on Iris. Never part of an artifact's identity."""
-
-    cluster: str = Field(min_length=1, max_length=63, pattern=LABEL)
-    cpu: float = Field(gt=0, le=1024)
-    memory: str
-    disk: str
-    priority: Literal["production", "interactive", "batch"] = "interactive"
-    max_retries: int = Field(1, ge=0, le=100)
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    @field_validator("memory", "disk")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        return node_size(value)
-
-
-TIME_LIMIT_PATTERN = re.compile(r"(?:(\d{1,3})-)?(\d{1,4}):(\d{2}):(\d{2})", re.ASCII)
-MAX_TIME_LIMIT_S = 365 * 86400
-
-
-def time_limit_seconds(text: str) -> int:
-    """Slurm's `[D-]HH:MM:SS` as seconds (the form `sbatch --time` and `sinfo` print)."""
-    match = TIME_LIMIT_PATTERN.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a Slurm time limit; write it like '11:59:00' or '1-00:00:00'")
-    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
-    if minutes > 59 or seconds > 59:
-        raise ValueError(f"{text!r} has more than 59 minutes or seconds; write it like '11:59:00' or '1-00:00:00'")
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-class SlurmExecution(StrictModel):
-    """Placement on Slurm. Never part of an artifact's identity.
-
-    `account` and `partition` are checked by preflight (not required here) so that every Slurm problem of an
-    experiment is reported in one pass, with the others.
-    """
-
-    account: str | None = Field(default=None, max_length=63, pattern=LABEL)
-    partition: str | None = Field(default=None, max_length=63, pattern=LABEL)
-    qos: str | None = Field(default=None, max_length=63, pattern=LABEL)
-    time_limit: str = Field(description="wall-clock limit of one link of the train chain, [D-]HH:MM:SS")
-    max_links: int = Field(default=4, ge=1, le=1000, description="jobs a train chain may take before it fails")
-    signal_lead_s: int = Field(
-        default=300, ge=1, le=86400, description="seconds before the limit at which training checkpoints and hands over"
-    )
-    step_time_s: float | None = Field(default=None, gt=0, le=86400, description="expected seconds per training step")
-    cpus_per_node: int | None = Field(default=None, ge=1, le=4096)
-    memory_per_node: str | None = None
-
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
-
-    @field_validator("time_limit")
-    @classmethod
-    def _time_limit(cls, value: str) -> str:
-        if not 60 <= time_limit_seconds(value) <= MAX_TIME_LIMIT_S:
-            raise ValueError(f"{value!r} is not a link's time limit; give at least a minute and at most 365 days")
-        return value.strip()
-
-    @field_validator("memory_per_node")
-    @classmethod
-    def _memory(cls, value: str | None) -> str | None:
-        return None if value is None else node_size(value)
-
-    @property
-    def time_limit_s(self) -> int:
-        return time_limit_seconds(self.time_limit)
-
-
 class JobSize(StrictModel):
     """What one export or eval job asks its scheduler for (Snakemake's own default is 1 CPU and 1000 MB).
     Placement: never part of an artifact's identity."""
@@ -356,9 +258,10 @@ MAX_ENV_VARIABLES = 256
 MAX_ENV_VALUE = 4096
 
 
-class Execution(StrictModel):
-    iris: IrisExecution | None = None
-    slurm: SlurmExecution | None = None
+class ExecutionBase(StrictModel):
+    """Where and how big the jobs are, beside each scheduler's own section (`Execution`). Placement: never part
+    of an artifact's identity."""
+
     export: JobSize = Field(default_factory=JobSize, description="the export job's CPUs and memory")
     eval: JobSize = Field(default_factory=JobSize, description="the eval job's CPUs and memory")
     publish: Publish | None = Field(None, description="upload each version's export to the Hub (off when absent)")
@@ -393,7 +296,7 @@ class Execution(StrictModel):
         """Names that may be set (rlbuild/core/wire.py); YAML integers (`NCCL_P2P_DISABLE: 1`) become their text."""
         if not isinstance(value, dict):
             return value
-        problems = job_env_problems(value)
+        problems = job_env_problems(value, tuple(p for cls in SCHEDULERS.values() for p in cls.variable_prefixes))
         for name, item in value.items():
             if isinstance(item, bool) or not isinstance(item, int | str):
                 problems.append(f'{name}: {quote(item)} is not text; quote it (e.g. {name}: "1")')
@@ -402,6 +305,25 @@ class Execution(StrictModel):
         if problems:
             raise ValueError("; ".join(problems))
         return {name: str(item) for name, item in value.items()}
+
+
+def _execution_model() -> type[ExecutionBase]:
+    """`execution`: the fields above and one optional section per scheduler that takes settings (`execution.iris`,
+    ...), validated by that scheduler's own model (rlbuild/schedulers/registry.py lists them)."""
+    sections: dict[str, Any] = {
+        name: (cls.settings_model | None, Field(None, description=f"placement on {cls.title}"))
+        for name, cls in SCHEDULERS.items()
+        if cls.settings_model is not None
+    }
+    return create_model("Execution", __base__=ExecutionBase, **sections)
+
+
+Execution = _execution_model()
+
+
+def scheduler_settings(execution: ExecutionBase) -> dict[str, Any]:
+    """The scheduler sections the experiment sets, by scheduler name."""
+    return {name: value for name in SCHEDULERS if (value := getattr(execution, name, None)) is not None}
 
 
 class Experiment(StrictModel):
@@ -414,7 +336,7 @@ class Experiment(StrictModel):
     role_plan: RolePlan
     retention: Retention
     recipe: dict[str, Any] = Field(default_factory=dict)
-    execution: Execution = Field(default_factory=Execution)
+    execution: Execution = Field(default_factory=Execution)  # type: ignore[valid-type]
     # It describes the export, it does not make it: not identity-bearing (a completed version keeps the card it
     # was exported with; `snakemake --forcerun export` writes the new one).
     license: str = Field(
@@ -495,13 +417,8 @@ def check_node_sizes(experiment: Experiment, limits: NodeLimits) -> list[Violati
         ("execution.eval.cpu", "cpu", execution.eval.cpu),
         ("execution.eval.memory", "memory", execution.eval.memory),
     ]
-    if execution.iris is not None:
-        asked += [("execution.iris.cpu", "cpu", execution.iris.cpu)]
-        asked += [("execution.iris.memory", "memory", execution.iris.memory)]
-        asked += [("execution.iris.disk", "disk", execution.iris.disk)]
-    if execution.slurm is not None:
-        asked += [("execution.slurm.cpus_per_node", "cpu", execution.slurm.cpus_per_node)]
-        asked += [("execution.slurm.memory_per_node", "memory", execution.slurm.memory_per_node)]
+    for name, settings in scheduler_settings(execution).items():
+        asked += [(size.field, size.kind, size.value) for size in SCHEDULERS[name].node_sizes(settings)]
     out: list[Violation] = []
     for field, kind, value in asked:
         limit = getattr(limits, kind)

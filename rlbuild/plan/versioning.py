@@ -31,11 +31,11 @@ from rlbuild.contracts.artifacts import (
     parse_record,
     version_of,
 )
-from rlbuild.contracts.metricstream import Rate, measured_rate, parse_lines, read_run_metrics
+from rlbuild.contracts.metricstream import Rate, measured_rate, median_step_time, parse_lines, read_run_metrics
 from rlbuild.core.errors import PreflightError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.storage import join
-from rlbuild.plan import series, slurm
+from rlbuild.plan import scheduling, series
 from rlbuild.plan.identity import DERIVED_KINDS, check_drift, check_training_runtime, record_drift
 from rlbuild.plan.modelcheck import check_model
 from rlbuild.plan.planview import Cost
@@ -135,23 +135,24 @@ def _value(value: Any, limit: int = 40) -> str:
 
 
 def experiment_problems(
-    experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool, shares_venv: bool = True
+    experiment: Experiment, node_limits: NodeLimits, *, ask_scheduler: bool, shares_venv: bool = True
 ) -> list[Violation]:
-    """Every version-independent check; `ask_slurm`: also the partition, asked of Slurm (sinfo) where it answers;
+    """Every version-independent check; `ask_scheduler`: also what the scheduler itself says (where it answers);
     `shares_venv`: the jobs run this checkout's .venv (rlbuild/plan/noderuntime.py)."""
     problems = check_experiment(experiment, shares_venv=shares_venv)[1] + series.series_problems(experiment)
-    return problems + _placement_problems(experiment, node_limits, ask_slurm=ask_slurm)
+    return problems + _placement_problems(experiment, node_limits, ask_scheduler=ask_scheduler)
 
 
-def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_slurm: bool) -> list[Violation]:
-    """The checks of where jobs run that resolving a version does not make: node sizes, the Slurm partition."""
+def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_scheduler: bool) -> list[Violation]:
+    """The checks of where jobs run that resolving a version does not make: node sizes, and what the scheduler
+    itself says (a partition that cannot hold the gang)."""
     problems = check_node_sizes(experiment, node_limits)
     if experiment.execution.publish:
         from rlbuild.stages.publish import token_problem  # huggingface_hub only where publishing is on
 
         if missing := token_problem(os.environ):
             problems.append(missing)
-    return problems + slurm.partition_problems(experiment) if ask_slurm else problems
+    return problems + scheduling.cluster_problems(experiment) if ask_scheduler else problems
 
 
 def check_all(
@@ -167,7 +168,7 @@ def check_all(
     plan's training cost). Each version's `checked_plan` makes the experiment's own checks (resolving runs
     check_experiment); one inventory of the experiment root answers them all. A version of a series is each of
     its arms; a problem of any arm is reported for all arms at once (each named `arms.<arm>.<field>`)."""
-    problems = _placement_problems(experiment, node_limits, ask_slurm=True) + series.series_problems(experiment)
+    problems = _placement_problems(experiment, node_limits, ask_scheduler=True) + series.series_problems(experiment)
     plans: dict[str, Plan] = {}
     costs: dict[str, Cost] = {}
     if any(p.field.startswith("arms") for p in problems):
@@ -188,12 +189,11 @@ def check_all(
 
 def measured_step_time(experiment: Experiment, plan: Plan) -> float | None:
     """Seconds per step measured by an earlier run of this version (a previous link, a crashed attempt), when the
-    experiment runs on Slurm and states none."""
-    placement = experiment.execution.slurm
-    if placement is None or placement.step_time_s is not None:
+    experiment's scheduler sizes its jobs by the step time and the experiment states none."""
+    if not scheduling.sized_by_step_time(experiment) or scheduling.declared_step_time(experiment) is not None:
         return None
     artifacts = plan.launch.artifacts
-    return slurm.measured_step_time(read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0])
+    return median_step_time(read_run_metrics(artifacts.metrics_uri, artifacts.metrics_segments_root)[0])
 
 
 def checked_plan(
@@ -234,8 +234,7 @@ def checked_plan(
         raise PreflightError(f"{source} (staged model {staged_model})", problems)
     measured = measure and measured_step_time(experiment, plan)
     if measured:
-        t = plan.recipe.trainer
-        problems = slurm.check_chain(experiment, t.max_steps, t.ckpt_interval, measured)
+        problems = scheduling.problems(experiment, plan.recipe, measured)
         if problems:
             raise PreflightError(f"{source} (step time measured in an earlier run)", problems)
     return plan
@@ -269,10 +268,10 @@ def plan_cost(experiment: Experiment, plan: Plan, inventory: Inventory) -> Cost:
         if rate is not None:
             return Cost(gpus, steps, rate, f"measured by train/v{key}")
     execution = plan.experiment.execution
-    slurm_declared = execution.slurm.step_time_s if execution.slurm else None
-    for declared, name in ((execution.step_time_s, "execution.step_time_s"), (slurm_declared, "execution.slurm")):
-        if declared is not None:
-            return Cost(gpus, steps, Rate(0.0, declared), f"declared in {name}, start-up not counted")
+    stated = [(execution.step_time_s, "execution.step_time_s"), scheduling.declared_step_time(plan.experiment)]
+    declared = next((s for s in stated if s is not None and s[0] is not None), None)
+    if declared is not None:
+        return Cost(gpus, steps, Rate(0.0, declared[0]), f"declared in {declared[1]}, start-up not counted")
     return Cost(gpus, steps, None, "")
 
 

@@ -1,32 +1,37 @@
-"""The seam between rlbuild and a scheduler: one small interface, implemented once per scheduler (a local run,
-Iris, Slurm: `rlbuild/schedulers/local.py`, `iris.py`, `slurm.py`; `registry.py` finds one by name).
+"""The seam between rlbuild and a scheduler: one interface, implemented once per scheduler, each a package of its
+own under `rlbuild/schedulers/`; `registry.py` is the one place that maps a name to one.
 
-What the rest of rlbuild asks of a scheduler, and nothing more: the state of a recorded job id (the scheduler's
-own word for it and what that word means, as a `Phase`), cancelling a job, and what a gang member learns from its
-task's environment (which job, rank and attempt it is, the ports and address it offers its peers) and whether it
-must stop the scheduler from restarting its job. Submitting is each scheduler's own business (the Iris client in
-`iris.py`, Slurm's official executor plugin, Snakemake's local executor).
+What the rest of rlbuild asks of a scheduler, and nothing more. Before anything runs (classmethods, on the
+experiment's `execution.<name>` section, validated by the scheduler's `settings_model`): the resources it puts on
+a rule, which of a rule's resources only its executor reads, the per-node sizes it asks for, its preflight
+problems (and those only the scheduler itself can answer), and its lines in the plan. While a run goes: the state
+of a recorded job id (the scheduler's own word and its `Phase`), cancelling a job, which job a process runs in,
+what a gang member learns from its task's environment (its job, rank and attempt, the ports and address it offers
+its peers), whether it must stop the scheduler from restarting its job, and how the train job runs the trainer.
+Submitting is each scheduler's own business (its Snakemake executor plugin, Snakemake's local executor).
 """
 
 from __future__ import annotations
 
 import socket
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
-from rlbuild.core.errors import RlbuildError
+from pydantic import BaseModel
+
+from rlbuild.core.errors import RlbuildError, Violation
+from rlbuild.job import interrupts
+from rlbuild.job.attempt import run_logged
+from rlbuild.job.rendezvous import TaskIdentity
 
 
 class SchedulerUnavailableError(RlbuildError):
     """The scheduler did not answer."""
-
-
-class GangTaskError(RlbuildError):
-    """This process cannot take its part in a gang: its environment does not say which task of which scheduler job
-    it is, or it found no ports to offer its peers."""
 
 
 class Phase(Enum):
@@ -58,27 +63,189 @@ class JobState:
 
 
 @dataclass(frozen=True)
-class TaskIdentity:
-    """Which task of the gang this process is: its job, its rank, and the job's attempt (a fresh rendezvous each)."""
+class TrainLimits:
+    """How far one train job may go: jobs a chain may take, and seconds before a job's limit at which training
+    hands over (read by the rule's command from the resources below, so that a rerun sees the experiment's
+    current values)."""
 
-    job: str
-    rank: int
-    attempt: int
-    scheduler: str
+    max_links: int = 1
+    stop_lead_s: int = 0
+
+
+# Resources the train rule's command reads (`--max-links`, `--stop-lead`): present under every executor.
+COMMAND_RESOURCES: dict[str, int] = {"chain_max_links": 1, "chain_signal_lead_s": 0}
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The nodes the train job takes, in the experiment's words (its `topology`)."""
+
+    num_nodes: int
+    gpus_per_node: int
+    gpu_variant: str  # `cpu`: CPU ranks, no GPU request
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What one rule's job asks of the scheduler that runs it: the train gang's whole nodes, or one export/eval
+    task of `cpu` CPUs and `memory`; and, where the nodes do not share this checkout's .venv, the runtime they run
+    (a pinned image, else a set-up of uv.lock with these extras)."""
+
+    gang: Gang | None = None
+    cpu: int | None = None
+    memory: str | None = None
+    image: str | None = None
+    extras: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What a scheduler's checks and plan lines may need of a resolved experiment besides its own settings."""
+
+    gang: Gang
+    max_steps: int
+    ckpt_interval: int
+    step_time_s: float | None = None  # measured by an earlier run of this geometry, where one did
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AddressOption:
+    """How a command line reaches a scheduler that answers at an address: its flag, and the variable that gives
+    the default (the one its executor plugin reads)."""
+
+    flag: str
+    variable: str
+    what: str  # as a sentence names it: "the Iris controller"
+
+
+@dataclass(frozen=True)
+class CoordinatorRequest:
+    """A detached coordinator (`rlbuild submit`): Snakemake itself as one small CPU job of the scheduler, running
+    these targets with these arguments from a bundle of `repo`, so the submitting machine may disconnect."""
+
+    experiment_root: str
+    targets: list[str]
+    snakemake_args: list[str]
+    repo: Path
+    image: str | None
+    cpu: float = 4.0
+    memory: str = "16GB"
+    disk: str = "64GB"
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeSize:
+    """One per-node size a scheduler's settings ask for: the field that sets it, and the value."""
+
+    field: str
+    kind: str  # cpu, memory or disk
+    value: float | str
 
 
 class Scheduler(ABC):
-    """One scheduler as rlbuild sees it. `address` is where it answers (Iris: the controller URL; a local run and
-    Slurm, whose commands are on PATH, need none)."""
+    """One scheduler as rlbuild sees it. `address` is where it answers (a controller's URL; a scheduler whose
+    commands are on PATH needs none)."""
 
-    name: ClassVar[str]  # as recorded in a gang's head.json and as Snakemake's executor is named
+    name: ClassVar[str]  # its `execution.<name>` section, as recorded in a gang's head.json, as its profile's executor
     title: ClassVar[str]  # as a sentence names it
-    # Jobs start with the submitting process's whole environment (Slurm's `sbatch --export=ALL`), so that process
-    # must first cut its environment to what jobs may receive.
+    # The experiment's `execution.<name>` section (None: the scheduler takes no settings).
+    settings_model: ClassVar[type[BaseModel] | None] = None
+    # Jobs start with the submitting process's whole environment, so that process must first cut its environment to
+    # what jobs may receive.
     inherits_submit_environment: ClassVar[bool] = False
+    # Prefixes of the variables the scheduler sets in its tasks: an experiment may not set them, and a job keeps
+    # them where its environment is cut.
+    variable_prefixes: ClassVar[tuple[str, ...]] = ()
+    # Its jobs end at a wall-clock limit, sized by the training's step time: the plan measures it from an earlier
+    # run of the version where the settings state none.
+    sized_by_step_time: ClassVar[bool] = False
+    address_option: ClassVar[AddressOption | None] = None  # None: its commands need no address
+    runs_coordinators: ClassVar[bool] = False  # it can run Snakemake itself as a detached job (`rlbuild submit`)
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
+
+    # -- before anything runs --------------------------------------------------------------------------------------
+
+    @classmethod
+    def runs_under(cls, executor: str) -> bool:
+        """Whether this Snakemake executor (its plugin's name) submits this scheduler's jobs."""
+        return executor.startswith(cls.name)
+
+    @classmethod
+    def owns_resource(cls, resource: str) -> bool:
+        """A rule resource only this scheduler's executor reads (dropped under other executors)."""
+        return False
+
+    @classmethod
+    def rule_resources(cls, settings: Any, request: JobRequest) -> dict[str, int | str]:
+        """The resources this scheduler's executor reads for one rule's job."""
+        return {}
+
+    @classmethod
+    def node_sizes(cls, settings: Any) -> list[NodeSize]:
+        """The per-node sizes the settings ask for (checked against the largest node a profile declares, and
+        written into the launch document's allocation)."""
+        return []
+
+    @classmethod
+    def declared_step_time(cls, settings: Any) -> float | None:
+        """Seconds per training step the settings state, where they state one."""
+        return None
+
+    @classmethod
+    def problems(cls, settings: Any, facts: PlanFacts) -> list[Violation]:
+        """What is wrong with the settings for this experiment, found without asking the scheduler."""
+        return []
+
+    @classmethod
+    def cluster_problems(cls, settings: Any, gang: Gang) -> list[Violation]:
+        """What the scheduler itself says is wrong (asked only by the submitting process; none where it does not
+        answer)."""
+        return []
+
+    @classmethod
+    def plan_section(cls, settings: Any, facts: PlanFacts) -> dict[str, Any] | None:
+        """This scheduler's part of the plan as data (None: it adds nothing)."""
+        return None
+
+    @classmethod
+    def plan_lines(cls, section: dict[str, Any], facts: PlanFacts) -> list[str]:
+        """`plan_section`'s lines in the printed plan."""
+        return []
+
+    @classmethod
+    def launch_settings(cls, settings: Any) -> dict[str, Any]:
+        """What the launch document records of the settings."""
+        return settings.model_dump(mode="json") if settings is not None else {}
+
+    # -- while a run goes ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def job_of(cls, environ: Mapping[str, str]) -> str | None:
+        """The job this process runs in, as the scheduler names it (None: not one of its jobs)."""
+        return None
+
+    def submit_coordinator(self, request: CoordinatorRequest) -> tuple[str, bool]:
+        """Submit a detached coordinator, or find the one of these targets that runs: (job id, adopted)."""
+        raise SchedulerUnavailableError(f"{self.title} runs no detached coordinator")
+
+    def coordinators(self, experiment_root: str) -> list[dict[str, Any]]:
+        """The detached coordinators of this experiment root with their job state, newest first."""
+        return []
+
+    def cancel_coordinators(self, experiment_root: str, targets: list[str]) -> list[str]:
+        """Cancel the running coordinators of these targets (all of the root's when none are given), and every job
+        they submitted; the cancelled job ids."""
+        return []
+
+    def run_training(self, trainer_argv: Sequence[str], launch: str, attempts: str, limits: TrainLimits) -> int:
+        """Run the trainer for the train job of this process: in its own supervised session here (its Ray ends
+        with it); a scheduler whose job must cross a wall-clock limit does more."""
+        with interrupts.supervised() as env:
+            return run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts, env)
 
     @classmethod
     @abstractmethod

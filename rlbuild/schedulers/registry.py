@@ -1,4 +1,5 @@
-"""Every scheduler rlbuild knows, by name, and which one runs this process."""
+"""Every scheduler rlbuild knows, by name: the one place that maps a name to a scheduler's package. Nothing else
+names a scheduler; the rest of rlbuild asks the registry and the `Scheduler` interface (base.py)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,32 @@ from collections.abc import Mapping
 
 from rlbuild.core.errors import RlbuildError
 from rlbuild.schedulers.base import Scheduler
-from rlbuild.schedulers.iris import IrisScheduler
-from rlbuild.schedulers.local import Local
-from rlbuild.schedulers.slurm import Slurm
+from rlbuild.schedulers.iris.scheduler import IrisScheduler
+from rlbuild.schedulers.local.scheduler import Local
+from rlbuild.schedulers.slurm.scheduler import Slurm
 
-SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (Local, IrisScheduler, Slurm)}
-NAMES: tuple[str, ...] = tuple(SCHEDULERS)
-# Asked in this order which one runs this process: Iris's task variables win (an Iris worker may itself run inside
-# a Slurm allocation); a process neither started is a local one.
-TASK_ORDER: tuple[type[Scheduler], ...] = (IrisScheduler, Slurm, Local)
+# In the order asked which one runs this process: Iris's task variables win (an Iris worker may itself run inside
+# a Slurm allocation); a process no scheduler started is a local one, so Local comes last.
+SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (IrisScheduler, Slurm, Local)}
 
 
 class UnknownSchedulerError(RlbuildError):
-    """A scheduler name rlbuild has no module for."""
+    """A scheduler name rlbuild has no package for."""
 
     def __init__(self, name: str, where: str) -> None:
-        super().__init__(f"{where}: unknown scheduler {name!r}; rlbuild knows {', '.join(map(repr, NAMES))}")
+        super().__init__(f"{where}: unknown scheduler {name!r}; rlbuild knows {', '.join(map(repr, SCHEDULERS))}")
+
+
+def register(cls: type[Scheduler]) -> None:
+    """Add a scheduler (asked before the local one which runs this process). Register before the experiment's
+    model is first imported (rlbuild.plan.spec), which builds `execution`'s sections from this table."""
+    local = SCHEDULERS.pop(Local.name)
+    SCHEDULERS[cls.name] = cls
+    SCHEDULERS[Local.name] = local
 
 
 def scheduler_for(name: str, address: str | None = None, *, where: str = "scheduler") -> Scheduler:
-    """The scheduler of this name, answering at `address` (Iris: the controller URL; others need none)."""
+    """The scheduler of this name, answering at `address` (a controller's URL, for a scheduler that has one)."""
     cls = SCHEDULERS.get(name)
     if cls is None:
         raise UnknownSchedulerError(name, where)
@@ -34,4 +41,23 @@ def scheduler_for(name: str, address: str | None = None, *, where: str = "schedu
 
 def task_scheduler(environ: Mapping[str, str]) -> Scheduler:
     """The scheduler whose task this process is, from its environment."""
-    return next(found for cls in TASK_ORDER if (found := cls.for_task(environ)) is not None)  # Local: always
+    return next(found for cls in SCHEDULERS.values() if (found := cls.for_task(environ)) is not None)
+
+
+def job_here(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(scheduler, job) of the scheduler job this process runs in, or None outside any."""
+    for cls in SCHEDULERS.values():
+        job = cls.job_of(environ)
+        if job:
+            return cls.name, job
+    return None
+
+
+def executor_scheduler(executor: str) -> type[Scheduler] | None:
+    """The scheduler whose jobs this Snakemake executor submits (None: a local or dry-run executor)."""
+    return next((cls for cls in SCHEDULERS.values() if cls is not Local and cls.runs_under(executor)), None)
+
+
+def resource_owner(resource: str) -> str | None:
+    """The one scheduler whose executor alone reads this rule resource, if one does."""
+    return next((name for name, cls in SCHEDULERS.items() if cls.owns_resource(resource)), None)

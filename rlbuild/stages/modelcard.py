@@ -83,7 +83,7 @@ def first_prompt(uris: Sequence[str]) -> str | None:
 
 def gpu_hours(launch: LaunchDocument, records: Sequence[Mapping[str, Any]]) -> float | None:
     """Steps' wall time times the gang's GPUs; None on CPU ranks or without step times."""
-    allocation = launch.iris.allocation
+    allocation = launch.allocation
     seconds = sum(float(r["perf/step_time_s"]) for r in records if "perf/step_time_s" in r)
     if allocation.gpu_variant == "cpu" or not seconds:
         return None
@@ -204,7 +204,7 @@ def _body(
     facts: CardFacts,
 ) -> str:
     trainer, generator = launch.recipe.trainer, launch.recipe.generator
-    placement, allocation = trainer.placement, launch.iris.allocation
+    placement, allocation = trainer.placement, launch.allocation
     steps = max((int(r["step"]) for r in records), default=trainer.max_steps)
     hours = gpu_hours(launch, records)
     evaluated, before = last_eval(records), base_accuracy(records)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbuild.dev.iris_cluster import REPO, LocalIris
+from rlbuild.schedulers.iris.localcluster import REPO, LocalIris
 from tests.conftest import S3, foreground_job
 
 WORKFLOW = Path(__file__).parent / "workflow"

@@ -16,9 +16,9 @@ import httpx
 import pytest
 import yaml
 
-from rlbuild.dev.iris_cluster import LocalIris
 from rlbuild.ops.status import Options, gather
 from rlbuild.plan.preflight import load_experiment
+from rlbuild.schedulers.iris.localcluster import LocalIris
 from tests.conftest import EXPERIMENTS, copy_of_the_code
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, wait_for
 from tests.iris.test_gang import job_state

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlbuild.core.wire import RAY_PORT_NAMES
-from rlbuild.dev.iris_cluster import LocalIris
+from rlbuild.schedulers.iris.localcluster import LocalIris
 from tests.iris.conftest import (
     REPO,
     S3,
@@ -185,7 +185,7 @@ def test_a_gang_that_cannot_succeed_on_retry_is_not_retried(iris: LocalIris, iri
 
     from rlbuild.contracts import runtime
     from rlbuild.dev.launches import write_test_launch
-    from rlbuild.schedulers.iris import Iris, Submission, shell
+    from rlbuild.schedulers.iris.client import Iris, Submission, shell
     from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement
 
     launch = write_test_launch(tmp_path)

@@ -7,8 +7,8 @@ import pytest
 from snakemake.common.tests import TestWorkflowsLocalStorageBase, TestWorkflowsMinioPlayStorageBase
 from snakemake_interface_executor_plugins.settings import ExecutorSettingsBase
 
-from rlbuild.dev.iris_cluster import LocalIris
 from rlbuild.dev.s3 import S3Server
+from rlbuild.schedulers.iris.localcluster import LocalIris
 from snakemake_executor_plugin_iris import ExecutorSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

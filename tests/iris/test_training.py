@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlbuild.contracts.launch import parse_launch
-from rlbuild.dev.iris_cluster import LocalIris
+from rlbuild.schedulers.iris.localcluster import LocalIris
 from tests.conftest import EXPERIMENTS, copy_of_the_code
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, start_snakemake, wait_for
 from tests.iris.test_gang import job_logs, task_pids

@@ -13,12 +13,13 @@ from iris.client import JobState
 
 from rlbuild.contracts import runtime
 from rlbuild.core.wire import NOT_RETRYABLE_EXIT_CODE
-from rlbuild.dev.iris_cluster import REPO
 from rlbuild.dev.launches import SPLITS, write_test_launch
 from rlbuild.job.gang import RuntimeMismatchError, check_runtime
-from rlbuild.job.rendezvous import Rendezvous, RendezvousError
-from rlbuild.schedulers.base import GangTaskError, Phase, TaskIdentity
-from rlbuild.schedulers.iris import IrisScheduler, phase
+from rlbuild.job.rendezvous import GangTaskError, Rendezvous, RendezvousError, TaskIdentity
+from rlbuild.schedulers.base import Phase
+from rlbuild.schedulers.iris.rpc import phase
+from rlbuild.schedulers.iris.scheduler import IrisScheduler
+from rlbuild.schedulers.iris.localcluster import REPO
 from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise

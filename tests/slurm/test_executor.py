@@ -1,7 +1,7 @@
 """The official Slurm plugin and rlbuild's preflight against a real local cluster. An impossible request fails
 clearly and at once: refused by preflight (sinfo) before anything is submitted, and by sbatch when preflight is not
 in the way; Ctrl-C cancels the Slurm jobs (the documented choice: nothing keeps running). rlbuild's own Slurm
-module (rlbuild/schedulers/slurm.py) reads a job's state as status does and cancels it."""
+module (rlbuild/schedulers/slurm/) reads a job's state as status does and cancels it."""
 
 from __future__ import annotations
 

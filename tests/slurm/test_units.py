@@ -15,14 +15,14 @@ import pytest
 
 from rlbuild.core.errors import PreflightError
 from rlbuild.core.wire import restrict_to_forwarded
+from rlbuild.job.rendezvous import GangTaskError, TaskIdentity
 from rlbuild.plan import slurm
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
 from rlbuild.plan.spec import Experiment
-from rlbuild.schedulers.base import GangTaskError, TaskIdentity
 from rlbuild.schedulers.registry import task_scheduler
-from rlbuild.schedulers.slurm import PORT_BAND, Slurm
+from rlbuild.schedulers.slurm.scheduler import PORT_BAND, Slurm
 from tests.spine.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,10 @@ import socket
 
 import pytest
 
+from rlbuild.job.rendezvous import GangTaskError
 from rlbuild.ops.status import Options, job_ended, scheduler_state
 from rlbuild.schedulers import iris, local, slurm
-from rlbuild.schedulers.base import GangTaskError, JobState, Phase, SchedulerUnavailableError
+from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
 from rlbuild.schedulers.registry import NAMES, UnknownSchedulerError, scheduler_for, task_scheduler
 
 

@@ -85,8 +85,8 @@ def test_the_card_names_hub_sources_in_its_metadata_and_every_source_in_its_body
 
 
 def test_gpu_hours_count_every_gpu_of_the_gang(launch: LaunchDocument) -> None:
-    allocation = launch.iris.allocation.model_copy(update={"gpu_variant": "H100", "num_nodes": 2, "gpus_per_node": 8})
-    on_gpus = launch.model_copy(update={"iris": launch.iris.model_copy(update={"allocation": allocation})})
+    allocation = launch.allocation.model_copy(update={"gpu_variant": "H100", "num_nodes": 2, "gpus_per_node": 8})
+    on_gpus = launch.model_copy(update={"allocation": allocation})
     assert gpu_hours(on_gpus, METRICS) == pytest.approx(16.0)  # 3600 s x 16 GPUs
     assert gpu_hours(launch, METRICS) is None
 

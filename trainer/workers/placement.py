@@ -139,7 +139,7 @@ class EngineActor:
 
 def layout_of(launch: LaunchDocument) -> Layout:
     """The launch document's layout: the same packing preflight ran on the experiment."""
-    allocation = launch.iris.allocation
+    allocation = launch.allocation
     return pack(shape_of_recipe(launch.recipe, allocation.num_nodes, allocation.gpus_per_node))
 
 

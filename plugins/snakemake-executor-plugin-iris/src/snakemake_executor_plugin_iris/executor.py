@@ -22,7 +22,8 @@ from snakemake_interface_executor_plugins.settings import SharedFSUsage
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import RAY_PORT_NAMES
 from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
-from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Submission, in_bundle, shell
+from rlbuild.schedulers.iris.scheduler import IrisScheduler
+from rlbuild.schedulers.iris.client import Iris, IrisSubmitError, Submission, in_bundle, shell
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (
@@ -38,7 +39,7 @@ from snakemake_executor_plugin_iris.requests import (
 if TYPE_CHECKING:
     from snakemake_executor_plugin_iris import ExecutorSettings
 
-# The Iris library (and rigging) are imported where they are used (rlbuild/schedulers/iris.py imports it when an
+# The Iris library (and rigging) are imported where they are used (rlbuild/schedulers/iris/ imports it when an
 # `Iris` is made): Snakemake imports every installed executor plugin on each start, and `iris.client` alone costs
 # about a second of every dry run.
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlbuild.core.wire import forwarded, refused_names
-from rlbuild.schedulers.iris import Placement
+from rlbuild.schedulers.iris.client import Placement
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 
 PRIORITIES = ("production", "interactive", "batch")

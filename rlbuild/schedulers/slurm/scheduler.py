@@ -1,19 +1,34 @@
 """Slurm as rlbuild sees it: a job's state from `squeue` (then `sacct`), `scancel`, and a gang task's rank,
 attempt and ports from Slurm's variables. Submitting is the official `snakemake-executor-plugin-slurm`'s; what a
-job asks of Slurm is `rlbuild/plan/slurm.py`, one link of a chain `rlbuild/job/chain.py`.
+job asks of Slurm is `rlbuild/schedulers/slurm/plan.py`, one link of a chain `rlbuild/schedulers/slurm/chain.py`.
 
 A gang's job is recorded as `slurm-<job id>` (its rendezvous folder and head.json name it so).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from rlbuild.core.errors import Violation
 from rlbuild.core.wire import RAY_PORT_NAMES
-from rlbuild.schedulers.base import GangTaskError, JobState, Phase, Scheduler, SchedulerUnavailableError, TaskIdentity
+from rlbuild.job.rendezvous import GangTaskError, TaskIdentity
+from rlbuild.schedulers.base import (
+    Gang,
+    JobRequest,
+    JobState,
+    NodeSize,
+    Phase,
+    PlanFacts,
+    Scheduler,
+    SchedulerUnavailableError,
+    TrainLimits,
+)
+from rlbuild.schedulers.slurm import plan
 
 JOB_PREFIX = "slurm-"
 QUERY_TIMEOUT_S = 10
@@ -84,11 +99,66 @@ def job_state(job_id: str) -> JobState:
 class Slurm(Scheduler):
     name = "slurm"
     title = "Slurm"
+    settings_model = plan.SlurmSettings
     inherits_submit_environment = True  # the plugin submits with `sbatch --export=ALL`
+    variable_prefixes = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+    sized_by_step_time = True  # a train chain's links and lead
+
+    @classmethod
+    def owns_resource(cls, resource: str) -> bool:
+        return resource in plan.SLURM_ONLY
+
+    @classmethod
+    def rule_resources(cls, settings: Any, request: JobRequest) -> dict[str, int | str]:
+        if settings is None:
+            return {}
+        if request.gang is None:
+            return plan.cluster_resources(settings)
+        return plan.gang_resources(settings, request.gang)
+
+    @classmethod
+    def node_sizes(cls, settings: Any) -> list[NodeSize]:
+        return plan.node_sizes(settings) if settings is not None else []
+
+    @classmethod
+    def declared_step_time(cls, settings: Any) -> float | None:
+        return settings.step_time_s if settings is not None else None
+
+    @classmethod
+    def problems(cls, settings: Any, facts: PlanFacts) -> list[Violation]:
+        if settings is None:
+            return []
+        declared = settings.step_time_s  # a stated step time wins over one measured by an earlier run
+        step_time = declared if declared is not None else facts.step_time_s
+        return plan.check_chain(settings, facts.max_steps, facts.ckpt_interval, step_time)
+
+    @classmethod
+    def cluster_problems(cls, settings: Any, gang: Gang) -> list[Violation]:
+        return plan.partition_problems(settings, gang) if settings is not None else []
+
+    @classmethod
+    def plan_section(cls, settings: Any, facts: PlanFacts) -> dict[str, Any] | None:
+        return plan.plan_section(settings, facts) if settings is not None else None
+
+    @classmethod
+    def plan_lines(cls, section: dict[str, Any], facts: PlanFacts) -> list[str]:
+        return plan.plan_lines(section, facts.max_steps)
+
+    @classmethod
+    def job_of(cls, environ: Mapping[str, str]) -> str | None:
+        return environ.get("SLURM_JOB_ID") or None
 
     @classmethod
     def for_task(cls, environ: Mapping[str, str]) -> Slurm | None:
-        return cls() if "SLURM_PROCID" in environ else None
+        """Every process of a Slurm job has `SLURM_JOB_ID` (the plugin's job step strips most other SLURM_*
+        variables from the batch step; a gang task's rank, `SLURM_PROCID`, is asked for by `task`)."""
+        return cls() if environ.get("SLURM_JOB_ID") else None
+
+    def run_training(self, trainer_argv: Sequence[str], launch: str, attempts: str, limits: TrainLimits) -> int:
+        """One link of a chain: the gang over srun, requeued until done (chain.py)."""
+        from rlbuild.schedulers.slurm import chain
+
+        return chain.run_link(launch, list(trainer_argv), limits.max_links, limits.stop_lead_s, os.environ, attempts)
 
     def job_states(self, jobs: Sequence[str]) -> dict[str, JobState]:
         return {job: job_state(job.removeprefix(JOB_PREFIX)) for job in jobs}

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rlbuild.schedulers.base import GangTaskError, JobState, Phase, Scheduler, SchedulerUnavailableError, TaskIdentity
+from rlbuild.job.rendezvous import GangTaskError, TaskIdentity
+from rlbuild.schedulers.base import JobState, Phase, Scheduler, SchedulerUnavailableError
 
 NO_JOB = "no scheduler job (a local run)"
 NOT_A_TASK = (

@@ -1,6 +1,6 @@
 """A real local Iris cluster in its own process, for `make iris-local`, the tests and the benchmarks.
 
-`python rlbuild/dev/iris_cluster.py --workers N --cpu-workers M --address-file F` starts a controller with
+`python rlbuild/schedulers/iris/localcluster.py --workers N --cpu-workers M --address-file F` starts a controller with
 N fake H100x8 workers (one scale group, `pool: h100`, `leafgroup: h100-lg0`) plus M CPU workers
 (`pool: cpu`), writes the controller URL to F when ready, and serves until SIGTERM/SIGINT.
 Tasks inherit this process's cwd and environment: `LocalIris` starts it with an isolated HOME and TMPDIR.

@@ -1,148 +1,26 @@
-"""Iris as rlbuild sees it, in one module: the scheduler interface (`IrisScheduler`: job states and cancelling
-over the controller's Connect-RPC JSON, a gang task's rank, attempt and ports from Iris's variables) and the Iris
-client (`Iris`, on the Iris library: submit a placement or adopt an earlier submission, failure reports), which the
-executor plugin and the coordinator share.
-
-The interface needs no client library: `GetJobState` answers for many jobs in one call (the plugin polls every
-active job in one round trip) and `rlbuild status` and the gang bootstrap work without importing the Iris client,
-which costs about two seconds; `Iris` imports it when it is made.
+"""The Iris client, on the Iris library: submit a placement or adopt an earlier submission, cancel, and report a
+failure; the executor plugin and the coordinator share it. The library costs about two seconds to import, so
+`Iris` imports it when it is made (status and the gang bootstrap never do).
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-import urllib.error
-import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlbuild.core.errors import RlbuildError
-from rlbuild.core.wire import RAY_PORT_NAMES
-from rlbuild.schedulers.base import GangTaskError, JobState, Phase, Scheduler, SchedulerUnavailableError, TaskIdentity
+from rlbuild.schedulers.iris.rpc import GET_JOB_STATE, phase
 
 if TYPE_CHECKING:
     from iris.client import JobStatus, TaskStatus
     from iris.cluster.types import JobName
 
-GET_JOB_STATE = "iris.cluster.ControllerService/GetJobState"
-TERMINATE_JOB = "iris.cluster.ControllerService/TerminateJob"
-RPC_TIMEOUT_S = 10.0
-# Iris's job states (`iris.client.JobState`, the wire names GetJobState answers), lower-case.
-PHASES = {
-    "pending": Phase.PENDING,
-    "building": Phase.PENDING,  # placed on a worker, its environment being built
-    "running": Phase.RUNNING,
-    "succeeded": Phase.SUCCEEDED,
-    "failed": Phase.FAILED,
-    "killed": Phase.FAILED,
-    "worker_failed": Phase.FAILED,
-    "unschedulable": Phase.FAILED,
-}
-NO_CONTROLLER = "no Iris controller given (--iris-controller-url)"
-UNKNOWN_JOB = "Iris does not know this job"
-
 
 class IrisSubmitError(RlbuildError):
     """Iris refused a job, or did not answer."""
-
-
-def phase(word: str) -> Phase:
-    """SUCCEEDED only for `succeeded`; every other terminal state is FAILED; a word a later Iris adds (or the
-    proto's `unspecified`) is UNKNOWN."""
-    return PHASES.get(word.lower(), Phase.UNKNOWN)
-
-
-def state_words(answer: Mapping[str, object]) -> dict[str, str]:
-    """`{job id: state}` from GetJobState's JSON answer (`{"states": {job: "JOB_STATE_RUNNING"}}`), lower-case."""
-    found = answer.get("states") or {}
-    if not isinstance(found, dict):
-        raise SchedulerUnavailableError(f"the Iris controller answered {GET_JOB_STATE} with {answer!r}")
-    return {job: str(state).removeprefix("JOB_STATE_").lower() for job, state in found.items()}
-
-
-def _post(url: str, method: str, body: dict[str, object]) -> dict[str, object]:
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}/{method}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=RPC_TIMEOUT_S) as response:
-            return json.loads(response.read() or b"{}")
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        raise SchedulerUnavailableError(
-            f"the Iris controller at {url} did not answer {method} ({error}); check the controller URL "
-            "(SNAKEMAKE_IRIS_CONTROLLER_URL) and that the controller or its tunnel is up"
-        ) from error
-
-
-class IrisScheduler(Scheduler):
-    name = "iris"
-    title = "Iris"
-
-    @classmethod
-    def for_task(cls, environ: Mapping[str, str]) -> IrisScheduler | None:
-        """Every Iris task has `IRIS_TASK_ID` and `IRIS_CONTROLLER_URL`."""
-        return cls(environ.get("IRIS_CONTROLLER_URL") or None) if "IRIS_TASK_ID" in environ else None
-
-    def job_states(self, jobs: Sequence[str]) -> dict[str, JobState]:
-        if not self.address:
-            return {job: JobState(Phase.UNKNOWN, note=NO_CONTROLLER) for job in jobs}
-        words = state_words(_post(self.address, GET_JOB_STATE, {"jobIds": list(jobs)})) if jobs else {}
-        return {
-            job: JobState(phase(words[job]), words[job]) if job in words else JobState(Phase.UNKNOWN, note=UNKNOWN_JOB)
-            for job in jobs
-        }
-
-    def cancel(self, job: str) -> None:
-        """TerminateJob: the job and its children (the jobs a coordinator submitted)."""
-        if not self.address:
-            raise SchedulerUnavailableError(f"{NO_CONTROLLER}: cannot cancel {job}")
-        _post(self.address, TERMINATE_JOB, {"jobId": job})
-
-    def task(self, environ: Mapping[str, str]) -> TaskIdentity:
-        """`IRIS_TASK_ID` = `/<user>/<job>/<index>:<attempt>`: the index is the rank."""
-        task_id = environ.get("IRIS_TASK_ID", "")
-        job, sep, tail = task_id.rpartition("/")
-        index, colon, attempt = tail.partition(":")
-        if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
-            raise GangTaskError(
-                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
-                "run the bootstrap as an Iris task or a Slurm task (srun)"
-            )
-        return TaskIdentity(job=job, rank=int(index), attempt=int(attempt or 0), scheduler=self.name)
-
-    def gang_ports(self, environ: Mapping[str, str], rank: int) -> dict[str, int]:
-        """Iris hands each gang task its ports (IRIS_PORT_<NAME>)."""
-        ports = {}
-        for name in RAY_PORT_NAMES:
-            value = environ.get(f"IRIS_PORT_{name.upper()}")
-            if not value or not value.isdigit() or value == "0":
-                raise GangTaskError(
-                    f"IRIS_PORT_{name.upper()} is not set; submit the gang with ports={list(RAY_PORT_NAMES)}"
-                )
-            ports[name] = int(value)
-        return ports
-
-    def advertise_host(self, environ: Mapping[str, str]) -> str:
-        return environ.get("IRIS_ADVERTISE_HOST") or super().advertise_host(environ)
-
-    def refuse_retry(self, environ: Mapping[str, str], log: Callable[[str], None]) -> None:
-        """Cancel this task's own job, so Iris does not restart the gang into the same failure. The notice goes out
-        first: the cancel kills this task (SIGTERM), often before a line written after it could be shipped."""
-        job = environ.get("IRIS_TASK_ID", "").rpartition("/")[0]
-        if not self.address or not job:
-            return
-        log(f"cancelling Iris job {job}: a retry would fail the same way")
-        try:
-            self.cancel(job)
-        except SchedulerUnavailableError as error:
-            log(f"could not cancel Iris job {job}, so Iris may retry it: {error}")
 
 
 @dataclass(frozen=True)

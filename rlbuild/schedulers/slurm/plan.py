@@ -1,10 +1,11 @@
-"""What a job asks of Slurm through the official executor plugin, and what preflight asks of Slurm itself.
+"""What the plan asks of Slurm: the experiment's `execution.slurm` settings, what a job asks of Slurm through the
+official executor plugin, what preflight asks of Slurm itself, and Slurm's lines in the plan.
 
 The plugin (`snakemake-executor-plugin-slurm`) submits every job with `sbatch` and reads rule resources:
 `slurm_account`, `slurm_partition`, `qos`, `runtime` (minutes), `nodes`, `gres`, `cpus_per_task`, `mem_mb`,
 `slurm_extra`, `tasks`, and `mpi`. The train job is one Slurm job of whole nodes, one task per node, requeueable,
 warned `signal_lead_s` before its limit. Its job step must run the Snakemake job in the batch step (not under
-`srun -n1`), so that `rlbuild train` can start the gang on every node itself (rlbuild/job/chain.py): the job step
+`srun -n1`), so that `rlbuild train` can start the gang on every node itself (chain.py): the job step
 (slurm-jobstep 0.6) does so for any job that declares `mpi`. The value is empty on purpose: the submitting side
 (2.8) treats a non-empty `mpi` as an MPI job, which it refuses for one task per node (it wants `tasks` > 1).
 
@@ -17,20 +18,77 @@ import functools
 import math
 import re
 import shutil
-import statistics
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, Field, field_validator
+
 from rlbuild.contracts.launch import CPU_VARIANT
-from rlbuild.contracts.metricstream import STEP_TIME
+from rlbuild.contracts.runtime import REPO_ROOT
 from rlbuild.core.errors import Violation
-from rlbuild.plan.spec import Experiment, SlurmExecution, size_bytes
+from rlbuild.core.validation import LABEL, StrictModel, node_size, size_bytes
+from rlbuild.schedulers.base import Gang, NodeSize, PlanFacts
 
 SINFO_TIMEOUT_S = 5.0
 SECTION = "execution.slurm"
 _GPUS = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+
+
+TIME_LIMIT_PATTERN = re.compile(r"(?:(\d{1,3})-)?(\d{1,4}):(\d{2}):(\d{2})", re.ASCII)
+MAX_TIME_LIMIT_S = 365 * 86400
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's `[D-]HH:MM:SS` as seconds (the form `sbatch --time` and `sinfo` print)."""
+    match = TIME_LIMIT_PATTERN.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a Slurm time limit; write it like '11:59:00' or '1-00:00:00'")
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    if minutes > 59 or seconds > 59:
+        raise ValueError(f"{text!r} has more than 59 minutes or seconds; write it like '11:59:00' or '1-00:00:00'")
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class SlurmSettings(StrictModel):
+    """The experiment's `execution.slurm`: where its Slurm jobs run and how a train chain crosses their wall-clock
+    limits. Placement: never part of an artifact's identity.
+
+    `account` and `partition` are checked by preflight (not required here) so that every Slurm problem of an
+    experiment is reported in one pass, with the others.
+    """
+
+    account: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    partition: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    qos: str | None = Field(default=None, max_length=63, pattern=LABEL)
+    time_limit: str = Field(description="wall-clock limit of one link of the train chain, [D-]HH:MM:SS")
+    max_links: int = Field(default=4, ge=1, le=1000, description="jobs a train chain may take before it fails")
+    signal_lead_s: int = Field(
+        default=300, ge=1, le=86400, description="seconds before the limit at which training checkpoints and hands over"
+    )
+    step_time_s: float | None = Field(default=None, gt=0, le=86400, description="expected seconds per training step")
+    cpus_per_node: int | None = Field(default=None, ge=1, le=4096)
+    memory_per_node: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, value: str) -> str:
+        if not 60 <= time_limit_seconds(value) <= MAX_TIME_LIMIT_S:
+            raise ValueError(f"{value!r} is not a link's time limit; give at least a minute and at most 365 days")
+        return value.strip()
+
+    @field_validator("memory_per_node")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        return None if value is None else node_size(value)
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
 
 
 # The resources below that only Slurm's executors read (the others, chain_*, mem_mb, cpus_per_task, runtime, are
@@ -38,18 +96,14 @@ _GPUS = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 SLURM_ONLY = frozenset({"slurm_account", "slurm_partition", "qos", "slurm_extra", "mpi", "gres", "tasks", "nodes"})
 
 
-def gang_resources(experiment: Experiment) -> dict[str, int | str]:
+def gang_resources(slurm: SlurmSettings, gang: Gang) -> dict[str, int | str]:
     """Rule resources of the train gang; the chain settings (`chain_*`) are read by the rule's command."""
-    slurm = experiment.execution.slurm
-    if slurm is None:
-        return {"chain_max_links": 1, "chain_signal_lead_s": 0}
-    topology = experiment.topology
     extra = ["--exclusive", "--ntasks-per-node=1", "--requeue", "--open-mode=append"]
     extra.append(f"--signal=USR1@{slurm.signal_lead_s}")
     resources: dict[str, int | str] = {
-        **cluster_resources(experiment),
+        **cluster_resources(slurm),
         "runtime": math.ceil(slurm.time_limit_s / 60),
-        "nodes": topology.num_nodes,
+        "nodes": gang.num_nodes,
         "mpi": "",  # present: the batch step runs the job; empty: not an MPI job to the submitter
         "slurm_extra": " ".join(extra),
         # No --mem unless stated: an exclusive job then gets the partition's default, usually the whole node.
@@ -57,50 +111,43 @@ def gang_resources(experiment: Experiment) -> dict[str, int | str]:
         "chain_max_links": slurm.max_links,
         "chain_signal_lead_s": slurm.signal_lead_s,
     }
-    if topology.gpu_variant.lower() != CPU_VARIANT:
-        resources["gres"] = f"gpu:{topology.gpus_per_node}"
+    if gang.gpu_variant.lower() != CPU_VARIANT:
+        resources["gres"] = f"gpu:{gang.gpus_per_node}"
     else:  # without GPUs the plugin asks for --ntasks (default 1, which would shrink the job to one node)
-        resources["tasks"] = topology.num_nodes
+        resources["tasks"] = gang.num_nodes
     if slurm.cpus_per_node:
         resources["cpus_per_task"] = slurm.cpus_per_node
     return resources
 
 
-def cluster_resources(experiment: Experiment) -> dict[str, int | str]:
+def cluster_resources(slurm: SlurmSettings) -> dict[str, int | str]:
     """Account, partition and QoS of every job the experiment sends to Slurm."""
-    slurm = experiment.execution.slurm
-    if slurm is None:
-        return {}
     named = {"slurm_account": slurm.account, "slurm_partition": slurm.partition, "qos": slurm.qos}
     return {key: value for key, value in named.items() if value}
 
 
-def usable_seconds(slurm: SlurmExecution) -> int:
+def node_sizes(slurm: SlurmSettings) -> list[NodeSize]:
+    sizes = [NodeSize(f"{SECTION}.cpus_per_node", "cpu", slurm.cpus_per_node)] if slurm.cpus_per_node else []
+    if slurm.memory_per_node:
+        sizes.append(NodeSize(f"{SECTION}.memory_per_node", "memory", slurm.memory_per_node))
+    return sizes
+
+
+def usable_seconds(slurm: SlurmSettings) -> int:
     """Seconds of training one link holds: its limit less the lead at which it hands over."""
     return slurm.time_limit_s - slurm.signal_lead_s
 
 
-def expected_links(slurm: SlurmExecution, max_steps: int, step_time_s: float | None) -> int | None:
+def expected_links(slurm: SlurmSettings, max_steps: int, step_time_s: float | None) -> int | None:
     """Jobs the chain is expected to take (start-up time aside), or None without a step time."""
     if step_time_s is None or usable_seconds(slurm) <= 0:
         return None
     return max(1, math.ceil(max_steps * step_time_s / usable_seconds(slurm)))
 
 
-def measured_step_time(records: list[dict[str, Any]]) -> float | None:
-    """The median `perf/step_time_s` of a run's metric lines (an earlier link or run of this version)."""
-    times = [float(v) for r in records if isinstance(v := r.get(STEP_TIME), int | float) and v > 0]
-    return statistics.median(times) if times else None
-
-
-def check_chain(
-    experiment: Experiment, max_steps: int, ckpt_interval: int, step_time_s: float | None
-) -> list[Violation]:
+def check_chain(slurm: SlurmSettings, max_steps: int, ckpt_interval: int, step_time_s: float | None) -> list[Violation]:
     """Account and partition set; the lead inside the limit; with a step time, one checkpoint interval and the
     whole run (in at most max_links links) fitting the limit."""
-    slurm = experiment.execution.slurm
-    if slurm is None:
-        return []
     out = [
         Violation(f"{SECTION}.{name}", "is not set", f"name the Slurm {what} the jobs are charged to / run in")
         for name, what in (("account", "account"), ("partition", "partition"))
@@ -184,18 +231,16 @@ def query_partition(name: str) -> Partition | None:
     return Partition(name, list(gpus.values()))
 
 
-def partition_problems(experiment: Experiment) -> list[Violation]:
+def partition_problems(slurm: SlurmSettings, gang: Gang) -> list[Violation]:
     """The partition checks, asked of Slurm itself when it answers (else none)."""
-    slurm = experiment.execution.slurm
-    if slurm is None or not slurm.partition:
+    if not slurm.partition:
         return []
-    return check_partition(experiment, query_partition(slurm.partition))
+    return check_partition(gang, query_partition(slurm.partition))
 
 
-def check_partition(experiment: Experiment, partition: Partition | None) -> list[Violation]:
+def check_partition(topology: Gang, partition: Partition | None) -> list[Violation]:
     """Seed 004's rule against the real partition: whole nodes of the partition's GPU count, and enough of them."""
-    slurm, topology = experiment.execution.slurm, experiment.topology
-    if slurm is None or partition is None:
+    if partition is None:
         return []
     field = f"{SECTION}.partition"
     if partition.nodes == 0:
@@ -272,3 +317,34 @@ def format_shared_disk(disk: dict[str, Any]) -> str:
         else "not a shared file system: other nodes see it only if they mount the same path (not checked from here)"
     )
     return f"  shared disk    jobs run {disk['interpreter']} -m rlbuild in {disk['checkout']} ({types}: {verdict})"
+
+
+def plan_section(slurm: SlurmSettings, facts: PlanFacts) -> dict[str, Any]:
+    """The Slurm placement and the chain it implies: one job per link of `time_limit`, at most `max_links`."""
+    configured = slurm.step_time_s
+    step_time = configured if configured is not None else facts.step_time_s
+    source = "configured" if configured is not None else ("measured" if step_time is not None else None)
+    return {
+        **slurm.model_dump(exclude={"step_time_s"}),
+        "step_time_s": step_time,
+        "step_time_source": source,
+        "expected_links": expected_links(slurm, facts.max_steps, step_time),
+        "shared_disk": shared_disk(REPO_ROOT, Path(sys.executable)),
+    }
+
+
+def plan_lines(section: dict[str, Any], max_steps: int) -> list[str]:
+    if section["expected_links"] is None:
+        expected = f"expected links unknown (no step time: set {SECTION}.step_time_s)"
+    else:
+        expected = (
+            f"expected {section['expected_links']} ({max_steps} steps x {section['step_time_s']:g} s "
+            f"{section['step_time_source']})"
+        )
+    return [
+        f"  slurm          account {section['account'] or '-'}, partition {section['partition'] or '-'}, "
+        f"qos {section['qos'] or '-'}; whole nodes, exclusive, one task per node",
+        f"  chain          wall-clock limit {section['time_limit']} per link, checkpoint and hand-over "
+        f"{section['signal_lead_s']} s before it; at most {section['max_links']} link(s), {expected}",
+        format_shared_disk(section["shared_disk"]),
+    ]

@@ -73,7 +73,7 @@ def gang_argv(launch_path: str, trainer_argv: Sequence[str], job: Job) -> list[s
     (the rendezvous outcome) or their Ray head goes. With an Apptainer image (rlbuild/job/image.py) each task runs
     inside it, the image's Python running this checkout's gang and trainer."""
     document = load_launch(launch_path)
-    allocation, image = document.iris.allocation, document.runtime.image
+    allocation, image = document.allocation, document.runtime.image
     srun = ["srun", f"--nodes={allocation.num_nodes}", "--ntasks-per-node=1", "--whole"]
     if allocation.gpu_variant.lower() != CPU_VARIANT:
         srun.append(f"--gres=gpu:{allocation.gpus_per_node}")

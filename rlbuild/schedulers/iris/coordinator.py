@@ -15,16 +15,13 @@ import hashlib
 import os
 import shlex
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.wire import forwarded
-from rlbuild.plan.spec import Experiment
-from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
-from rlbuild.schedulers.iris import Iris, IrisScheduler, IrisSubmitError, Placement, Submission, in_bundle
+from rlbuild.schedulers.base import CoordinatorRequest, JobState, Phase, Scheduler, SchedulerUnavailableError
+from rlbuild.schedulers.iris.client import Iris, IrisSubmitError, Placement, Submission, in_bundle
 
 FOLDER = ".coordinators"
 # The executor settings a coordinator's Snakemake reads from its environment.
@@ -33,15 +30,6 @@ IRIS_SETTINGS = ("SNAKEMAKE_IRIS_CLUSTER", "SNAKEMAKE_IRIS_CPU_POOL")
 
 class CoordinatorError(RlbuildError):
     """A coordinator could not be submitted, found or cancelled."""
-
-
-@dataclass(frozen=True)
-class Size:
-    """The coordinator's task: Snakemake, the staging steps and launch resolution run in it."""
-
-    cpu: float = 4.0
-    memory: str = "16GB"
-    disk: str = "64GB"
 
 
 def coordinator_name(experiment_root: str, targets: list[str]) -> str:
@@ -61,24 +49,16 @@ def command(targets: list[str], snakemake_args: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def submit(
-    url: str,
-    experiment_root: str,
-    targets: list[str],
-    snakemake_args: list[str],
-    size: Size,
-    cpu_pool: str | None,
-    repo: Path,
-    experiment: Experiment,
-) -> tuple[str, bool]:
-    """Submit the coordinator with `repo` as its bundle, or find the one of these targets that runs. Returns (Iris
-    job id, adopted). Nothing of this machine but the bundle and the environment hand-off reaches it."""
+def submit(url: str, request: CoordinatorRequest) -> tuple[str, bool]:
+    """Submit the coordinator with `request.repo` as its bundle, or find the one of these targets that runs.
+    Returns (Iris job id, adopted). Nothing of this machine but the bundle and the environment hand-off reaches it."""
+    experiment_root, targets, snakemake_args = request.experiment_root, request.targets, request.snakemake_args
     name = coordinator_name(experiment_root, targets)
     place = Placement(
         replicas=1,
-        cpu=size.cpu,
-        memory=size.memory,
-        disk=size.disk,
+        cpu=request.cpu,
+        memory=request.memory,
+        disk=request.disk,
         gpu_variant=None,
         gpus_per_node=0,
         priority="interactive",
@@ -92,11 +72,11 @@ def submit(
         env=env,
         ports=[],
         scheduling_timeout_s=1800,
-        cpu_pool=cpu_pool,
+        cpu_pool=request.pool or os.environ.get("SNAKEMAKE_IRIS_CPU_POOL"),
         bundled=True,
-        image=experiment.runtime.image,
+        image=request.image,
     )
-    iris = Iris(url, workspace=repo)
+    iris = Iris(url, workspace=request.repo)
     try:
         job_id, adopted = iris.submit(name, place, sub)
     except IrisSubmitError as error:
@@ -124,19 +104,20 @@ def records(experiment_root: str) -> list[dict[str, Any]]:
     return sorted((r for r in found if isinstance(r, dict)), key=lambda r: -float(r.get("submitted_at", 0)))
 
 
-def following(experiment_root: str, url: str | None) -> list[dict[str, Any]]:
+def following(experiment_root: str, iris: Scheduler) -> list[dict[str, Any]]:
     """The coordinators of this experiment root with their Iris state (one call), for `rlbuild status`."""
     found = records(experiment_root)
     if not found:
         return []
     jobs = [r["job"] for r in found]
     try:
-        states = IrisScheduler(url).job_states(jobs)
+        states = iris.job_states(jobs)
     except SchedulerUnavailableError as error:
         states = {job: JobState(Phase.UNKNOWN, note=str(error)) for job in jobs}
     return [
         {
             "job": r["job"],
+            "scheduler": iris.name,
             "targets": r.get("targets"),
             "job_state": states[r["job"]].word,
             "job_phase": states[r["job"]].phase.value,
@@ -146,14 +127,13 @@ def following(experiment_root: str, url: str | None) -> list[dict[str, Any]]:
     ]
 
 
-def cancel(experiment_root: str, url: str, targets: list[str]) -> list[str]:
+def cancel(experiment_root: str, iris: Scheduler, targets: list[str]) -> list[str]:
     """Cancel the running coordinators of these targets (all of the experiment root's when none are given), and
     with them every job they submitted. Returns the cancelled job ids."""
     found = records(experiment_root)
     if targets:
         name = coordinator_name(experiment_root, targets)
         found = [r for r in found if r["name"] == name]
-    iris = IrisScheduler(url)
     states = iris.job_states([r["job"] for r in found])
     running = [r["job"] for r in found if states[r["job"]].phase.alive]
     for job in running:

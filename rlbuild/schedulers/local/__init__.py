@@ -1,0 +1,1 @@
+"""A local run: Snakemake's own executor (`scheduler.py`)."""
