@@ -6,8 +6,8 @@ alive in Ray, for 2- and 4-node gangs of fake H100x8 workers; also submit-to-suc
 `--iris-url`: a running local cluster of fake H100x8 workers instead of a fresh one (the tests pass theirs: two local
 clusters on one host hand out task ports from the same range, so their gangs' Ray ports can meet).
 
-Each gang runs the real bootstrap (`python -m rlbuild.job.gang`, rendezvous in a local folder) with an empty job
-step, so the numbers are the bootstrap's own cost: Ray head start, workers joining, the all-alive check.
+Each gang runs the real bootstrap (`python -m rlbuild.schedulers.gangtask`, rendezvous in a local folder) with an
+empty job step, so the numbers are the bootstrap's own cost: Ray head start, workers joining, the all-alive check.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rlbuild.core.wire import RAY_PORT_NAMES  # noqa: E402
-from rlbuild.schedulers.iris.localcluster import LocalIris  # noqa: E402
 from rlbuild.schedulers.iris.client import Iris, Submission, shell  # noqa: E402
+from rlbuild.schedulers.iris.localcluster import LocalIris  # noqa: E402
 from snakemake_executor_plugin_iris.requests import Defaults, gang_command, placement  # noqa: E402
 
 ALIVE = re.compile(r"Ray nodes alive: (\d+)/\d+ after ([\d.]+)s since gang start")

@@ -35,7 +35,7 @@ from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve_file
 from rlbuild.plan.spec import Experiment
 from rlbuild.schedulers.base import CoordinatorRequest, Scheduler
-from rlbuild.schedulers.registry import SCHEDULERS, task_scheduler
+from rlbuild.schedulers.registry import SCHEDULERS, job_scheduler
 
 EXIT_INVALID = 2
 DEFAULT_STORAGE_ROOT = "results"
@@ -361,7 +361,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.allow_retrain or os.environ.get(ALLOW_RETRAIN) == "1":
         trainer_argv.append("--allow-retrain")
     limits = TrainLimits(args.max_links, args.stop_lead)
-    code = task_scheduler(os.environ).run_training(trainer_argv, args.launch, attempts, limits)
+    code = job_scheduler(os.environ).run_training(trainer_argv, args.launch, attempts, limits)
     if code == 0:
         record = derived_record(launch_record, "train")
         metrics = {METRICS_NAME: launch.artifacts.metrics_uri}

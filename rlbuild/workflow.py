@@ -498,9 +498,9 @@ class Graph:
         self.experiment = load_experiment(self.experiment_file)
         # The partition is asked only by the submitting process under a cluster executor (jobs re-read the
         # Snakefile after the submitter checked everything).
-        ask_slurm = self.announce and self.on_cluster
+        ask_scheduler = self.announce and self.on_cluster
         violations = experiment_problems(
-            self.experiment, self.node_limits, ask_slurm=ask_slurm, shares_venv=self.shares_venv
+            self.experiment, self.node_limits, ask_scheduler=ask_scheduler, shares_venv=self.shares_venv
         )
         if violations:
             raise PreflightError(str(self.experiment_file), violations)

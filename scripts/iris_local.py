@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlbuild.schedulers.iris.localcluster import LocalIris
 from rlbuild.dev.s3 import S3Server, s3_server
+from rlbuild.schedulers.iris.localcluster import LocalIris
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,12 +1,12 @@
 """The launch document (`launch.yaml`), typed: the one document every stage after resolve_launch reads.
 
 Sections name what they configure: `run` and `runtime` say what this is and which code runs it, `allocation`
-what one gang asks for and `scheduler` which scheduler runs it with which of its settings, `ingress` how the
-driver reaches the rollout engines, `ray` the cluster bootstrap, `artifacts` where outputs go, `inputs` the
-immutable staged model and data, `recipe` the trainer's settings, `env` the experiment's execution.env (every
-node checks its tasks got it). All URIs are absolute: a local absolute path or `s3://bucket/key`. The builder
-(`rlbuild.plan.resolve`) is its only writer; the trainer parses it once with `load_launch` and reads attributes.
-Secrets never appear in it.
+the gang's whole nodes (the same under every scheduler) and `schedulers` each scheduler's settings the
+experiment sets (placement: sizes, queues, limits), `ingress` how the driver reaches the rollout engines, `ray`
+the cluster bootstrap, `artifacts` where outputs go, `inputs` the immutable staged model and data, `recipe` the
+trainer's settings, `env` the experiment's execution.env (every node checks its tasks got it). All URIs are
+absolute: a local absolute path or `s3://bucket/key`. The builder (`rlbuild.plan.resolve`) is its only writer;
+the trainer parses it once with `load_launch` and reads attributes. Secrets never appear in it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.validation import StrictModel
 
-SCHEMA_VERSION = 3  # 3: `allocation` and `scheduler` (2 kept both under `iris`)
+SCHEMA_VERSION = 3  # 3: `allocation` and `schedulers` (2 kept both under `iris`)
 
 
 class LaunchDocumentError(RlbuildError):
@@ -76,16 +76,9 @@ class Allocation(StrictModel):
     num_nodes: int = Field(ge=1, description="whole nodes of the gang")
     gpus_per_node: int = Field(ge=1, description="GPUs on each node")
     gpu_variant: str = Field(description="e.g. H100; `cpu` for CPU ranks")
-    cpu: float | None = Field(description="CPUs per node requested from the scheduler (null: its default)")
-    memory: str | None = Field(description="memory per node, e.g. 512GB (null: the scheduler's default)")
-    disk: str | None = Field(description="disk per node (null: the scheduler's default)")
 
 
-class SchedulerRequest(StrictModel):
-    name: str = Field(description="the scheduler whose `execution.<name>` section the experiment sets; local for none")
-    settings: dict[str, str | int | float | bool | None] = Field(
-        description="that section as the experiment sets it (placement: never part of an identity)"
-    )
+SchedulerSettings = dict[str, str | int | float | bool | None]
 
 
 class Ingress(StrictModel):
@@ -129,8 +122,11 @@ class LaunchDocument(StrictModel):
     schema_version: Literal[3] = Field(description="bumped when a field changes meaning")
     run: Run
     runtime: Runtime
-    allocation: Allocation = Field(description="what one gang asks for")
-    scheduler: SchedulerRequest
+    allocation: Allocation = Field(description="the gang's whole nodes")
+    schedulers: dict[str, SchedulerSettings] = Field(
+        description="each scheduler's `execution.<name>` section the experiment sets, by name (none: local runs "
+        "only); placement, never part of an identity"
+    )
     ingress: Ingress
     ray: Ray
     artifacts: Artifacts

@@ -93,7 +93,6 @@ def plan_dict(
             "model_config": model_config_dict(plan),
             "jobs": {kind: getattr(e.execution, kind).model_dump() for kind in ("export", "eval")},
             "allocation": {**launch.allocation.model_dump(), "total_gpus": g.allocated_gpus},
-            "scheduler": launch.scheduler.name,
             "executor": executor,
             "schedulers": scheduling.plan_sections(e, _facts(plan, measured_step_time), executor),
             "cost": None if cost is None else cost.as_dict(),
@@ -237,7 +236,7 @@ def format_allocation(alloc: dict[str, Any]) -> str:
         held = f"{nodes} x {_count(alloc['gpus_per_node'], 'CPU rank')}"
     else:
         held = f"{nodes} x {alloc['gpus_per_node']} {alloc['gpu_variant']} = {_count(alloc['total_gpus'], 'GPU')}"
-    return f"{held}; per node cpu {alloc['cpu']}, memory {alloc['memory']}, disk {alloc['disk']}"
+    return held
 
 
 def _count(n: int, noun: str) -> str:

@@ -21,7 +21,6 @@ from rlbuild.contracts.launch import (
     Ray,
     Run,
     Runtime,
-    SchedulerRequest,
 )
 from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, Recipe
 from rlbuild.contracts.sources import FOLDER_SCHEMES, parse_source
@@ -174,27 +173,11 @@ def _launch_fields(
     return launch_fields
 
 
-def _allocation(experiment: Experiment) -> tuple[Allocation, SchedulerRequest]:
-    """What one gang asks for, and which scheduler runs it with which of its settings."""
-    name, settings, sizes = scheduling.launch_scheduler(experiment)
-    topology = experiment.topology
-    allocation = Allocation(
-        num_nodes=topology.num_nodes,
-        gpus_per_node=topology.gpus_per_node,
-        gpu_variant=topology.gpu_variant,
-        cpu=sizes.get("cpu"),
-        memory=sizes.get("memory"),
-        disk=sizes.get("disk"),
-    )
-    return allocation, SchedulerRequest(name=name, settings=settings)
-
-
 def build_launch(
     experiment: Experiment, version: str, root: str, recipe: Recipe, records: dict[str, dict[str, Any]], digest: str
 ) -> LaunchDocument:
     """The launch document of a resolved version (rlbuild/contracts/launch.py says what each section means)."""
     temporary = temporary_paths(experiment, version, records["train"]["fingerprint"])
-    allocation, scheduler = _allocation(experiment)
     data_root = join(root, artifact("stage_data").version_folder(records["stage_data"]["version"]))
     data_identity = records["stage_data"]["identity"]
     return LaunchDocument(
@@ -214,8 +197,12 @@ def build_launch(
             image=experiment.runtime.image,
             image_provides=experiment.runtime.image_provides,
         ),
-        allocation=allocation,
-        scheduler=scheduler,
+        allocation=Allocation(
+            num_nodes=experiment.topology.num_nodes,
+            gpus_per_node=experiment.topology.gpus_per_node,
+            gpu_variant=experiment.topology.gpu_variant,
+        ),
+        schedulers=scheduling.launch_settings(experiment),
         ingress=Ingress(mode="ray_actors"),
         ray=Ray(address=None, rendezvous_dir=join(root, temporary.attempts, "rendezvous")),
         artifacts=Artifacts(

@@ -30,25 +30,9 @@ def _each(experiment: Experiment) -> list[tuple[type[Scheduler], Any]]:
     return [(cls, getattr(experiment.execution, name, None)) for name, cls in SCHEDULERS.items()]
 
 
-def scheduler_of(experiment: Experiment) -> str:
-    """The scheduler whose section the experiment sets (`local` for none)."""
-    return next(iter(scheduler_settings(experiment.execution)), LOCAL)
-
-
 def problems(experiment: Experiment, recipe: Recipe, step_time_s: float | None = None) -> list[Violation]:
-    """One scheduler's section at most, and what each scheduler finds wrong with its own, without asking it."""
-    named = list(scheduler_settings(experiment.execution))
+    """What each scheduler finds wrong with its own section, without asking it."""
     out = []
-    if len(named) > 1:
-        fields = " and ".join(f"execution.{name}" for name in named)
-        out.append(
-            Violation(
-                "execution",
-                f"sets {fields}: an experiment's jobs run on one scheduler, and its launch document records one",
-                f"keep the section of the scheduler your profile runs (`snakemake --profile {named[0]}`), and move "
-                "the other to a copy of the experiment",
-            )
-        )
     facts = plan_facts(experiment, recipe, step_time_s)
     for cls, settings in _each(experiment):
         out += cls.problems(settings, facts)
@@ -103,9 +87,9 @@ def plan_lines(sections: dict[str, dict[str, Any]], facts: PlanFacts) -> list[st
     return [line for name, section in sections.items() for line in SCHEDULERS[name].plan_lines(section, facts)]
 
 
-def launch_scheduler(experiment: Experiment) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(name, settings as the launch document records them, per-node sizes by kind) of the experiment's scheduler."""
-    name = scheduler_of(experiment)
-    cls, settings = SCHEDULERS[name], getattr(experiment.execution, name, None)
-    sizes = {size.kind: size.value for size in cls.node_sizes(settings)}
-    return name, cls.launch_settings(settings), sizes
+def launch_settings(experiment: Experiment) -> dict[str, dict[str, Any]]:
+    """Each scheduler's section the experiment sets, as the launch document records it."""
+    return {
+        name: SCHEDULERS[name].launch_settings(value)
+        for name, value in scheduler_settings(experiment.execution).items()
+    }

@@ -44,6 +44,11 @@ def task_scheduler(environ: Mapping[str, str]) -> Scheduler:
     return next(found for cls in SCHEDULERS.values() if (found := cls.for_task(environ)) is not None)
 
 
+def job_scheduler(environ: Mapping[str, str]) -> Scheduler:
+    """The scheduler whose job this process runs in (a task of it, or its batch step; Local outside any)."""
+    return next((cls() for cls in SCHEDULERS.values() if cls.job_of(environ)), Local())
+
+
 def job_here(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """(scheduler, job) of the scheduler job this process runs in, or None outside any."""
     for cls in SCHEDULERS.values():

@@ -55,7 +55,7 @@ def task_pids(job: str, rank: int) -> list[int]:
         # Any attempt: Iris numbers a task's attempts (`task:attempt`), and a start it retried before the task ran
         # (a worker that was slow to take it, under load) is a new attempt without being a failure.
         task = f"IRIS_TASK_ID={job}/{rank}:".encode()
-        if b"rlbuild.job.gang" in cmdline and any(e.startswith(task) for e in environ):
+        if b"rlbuild.schedulers.gangtask" in cmdline and any(e.startswith(task) for e in environ):
             found.append(int(proc.name))
     return found
 

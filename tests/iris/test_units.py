@@ -17,9 +17,9 @@ from rlbuild.dev.launches import SPLITS, write_test_launch
 from rlbuild.job.gang import RuntimeMismatchError, check_runtime
 from rlbuild.job.rendezvous import GangTaskError, Rendezvous, RendezvousError, TaskIdentity
 from rlbuild.schedulers.base import Phase
+from rlbuild.schedulers.iris.localcluster import REPO
 from rlbuild.schedulers.iris.rpc import phase
 from rlbuild.schedulers.iris.scheduler import IrisScheduler
-from rlbuild.schedulers.iris.localcluster import REPO
 from snakemake_executor_plugin_iris import ExecutorSettings
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import MAX_NAME, job_name, sanitise
@@ -99,7 +99,9 @@ def test_env_hand_off_is_an_allow_list_without_cloud_credentials() -> None:
 
 def test_gang_command_runs_the_step_on_rank_zero_only_through_the_bootstrap() -> None:
     command = gang_command("/venv/bin/python", 2, "g1", "python -m snakemake --x 'a b'", "s3://b/launch.yaml", None, 60)
-    assert command.startswith("/venv/bin/python -m rlbuild.job.gang --nodes 2 --gang-id g1 --join-timeout 60")
+    assert command.startswith(
+        "/venv/bin/python -m rlbuild.schedulers.gangtask --nodes 2 --gang-id g1 --join-timeout 60"
+    )
     assert "--launch s3://b/launch.yaml" in command
     assert command.endswith("-- bash -c 'python -m snakemake --x '\"'\"'a b'\"'\"''")
 
@@ -171,7 +173,7 @@ def test_a_node_whose_code_is_not_the_planned_code_fails_before_starting_ray(tmp
     env = {"IRIS_TASK_ID": "/root/train-x-a1-abc/0:0", "PATH": "/usr/bin:/bin"}
     argv = ["--nodes", "1", "--gang-id", "g", "--launch", str(launch), "--rendezvous-root", str(tmp_path / "rdv")]
     result = subprocess.run(
-        [sys.executable, "-m", "rlbuild.job.gang", *argv, "--", "true"],
+        [sys.executable, "-m", "rlbuild.schedulers.gangtask", *argv, "--", "true"],
         capture_output=True,
         text=True,
         timeout=120,

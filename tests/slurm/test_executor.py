@@ -70,6 +70,7 @@ def test_preflight_asks_sinfo_and_refuses_what_the_partition_cannot_hold(slurm: 
     """Seed 004's rule against the real partition (one GPU per node, two nodes), before anything is submitted."""
     doc = experiment(
         topology={"num_nodes": 3, "gpus_per_node": 8, "gpu_variant": "H100"},
+        execution__iris=None,
         execution__slurm={"account": "rlbuild", "partition": "gpu", "time_limit": "01:00:00"},
     )
     path = write(tmp_path, doc)

@@ -128,7 +128,9 @@ def test_a_two_node_gang_bootstraps_ray_and_chains_past_its_wall_clock_limit_to_
     prefix = f"p/{name}"
     # Every task of both links (2 x 2) ran inside the image; the train record names the image and its digest.
     runs = Path(f"{sif}.runs").read_text().splitlines()
-    assert len(runs) == 2 * CHAIN_STEPS and all(f" {sif} python3 -m rlbuild.job.gang " in run for run in runs), runs
+    assert len(runs) == 2 * CHAIN_STEPS and all(
+        f" {sif} python3 -m rlbuild.schedulers.gangtask " in run for run in runs
+    ), runs
     record = json.loads(s3.read(f"{prefix}/train/v{VERSION}.identity.json"))
     assert record["fields"]["runtime"]["image"] == image
     assert json.loads(s3.read(f"{prefix}/train/v{VERSION}/terminal.json"))["global_step"] == CHAIN_STEPS
@@ -202,7 +204,7 @@ def _assert_allow_listed_environment(slurm: LocalSlurm, job: str, s3: S3) -> Non
     environs = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and b"rlbuild.job.gang" in (proc / "cmdline").read_bytes():
+            if proc.name.isdigit() and b"rlbuild.schedulers.gangtask" in (proc / "cmdline").read_bytes():
                 environs.append((proc / "environ").read_bytes().split(b"\0"))
         except OSError:
             continue

@@ -13,15 +13,18 @@ from typing import Any
 
 import pytest
 
+from rlbuild.contracts.metricstream import median_step_time
 from rlbuild.core.errors import PreflightError
 from rlbuild.core.wire import restrict_to_forwarded
 from rlbuild.job.rendezvous import GangTaskError, TaskIdentity
-from rlbuild.plan import slurm
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import parse_experiment
 from rlbuild.plan.resolve import resolve
+from rlbuild.plan.scheduling import gang_of
 from rlbuild.plan.spec import Experiment
+from rlbuild.schedulers.base import JobRequest
 from rlbuild.schedulers.registry import task_scheduler
+from rlbuild.schedulers.slurm import plan as slurm
 from rlbuild.schedulers.slurm.scheduler import PORT_BAND, Slurm
 from tests.spine.experiments import experiment
 
@@ -32,7 +35,15 @@ JUPITER = {"account": "reformo", "partition": "booster", "qos": "normal", "time_
 
 
 def parsed(**changes: Any) -> Experiment:
-    return parse_experiment(experiment(**{"execution__slurm": dict(JUPITER), **changes}), "test")
+    # The fixture's experiment runs on Iris: this one runs on Slurm instead (one scheduler section at most).
+    return parse_experiment(
+        experiment(**{"execution__iris": None, "execution__slurm": dict(JUPITER), **changes}), "test"
+    )
+
+
+def gang_resources(exp: Experiment) -> dict[str, int | str]:
+    """What the Slurm executor reads of the train rule, through the scheduler interface."""
+    return Slurm.rule_resources(exp.execution.slurm, JobRequest(gang=gang_of(exp)))
 
 
 def test_a_slurm_section_is_placement_with_checked_sizes_and_time_limits() -> None:
@@ -47,7 +58,7 @@ def test_a_slurm_section_is_placement_with_checked_sizes_and_time_limits() -> No
 
 
 def test_the_train_gang_is_whole_exclusive_nodes_one_task_each_warned_before_the_limit() -> None:
-    resources = slurm.gang_resources(parsed(execution__slurm__signal_lead_s=600, execution__slurm__cpus_per_node=72))
+    resources = gang_resources(parsed(execution__slurm__signal_lead_s=600, execution__slurm__cpus_per_node=72))
     assert resources["nodes"] == 8 and resources["gres"] == "gpu:8"
     assert resources["runtime"] == 719 and resources["cpus_per_task"] == 72
     assert resources["slurm_account"] == "reformo" and resources["slurm_partition"] == "booster"
@@ -55,28 +66,28 @@ def test_the_train_gang_is_whole_exclusive_nodes_one_task_each_warned_before_the
     extra = resources["slurm_extra"].split()
     assert {"--exclusive", "--ntasks-per-node=1", "--requeue", "--signal=USR1@600"} <= set(extra)
     assert resources["chain_max_links"] == 4 and resources["chain_signal_lead_s"] == 600
-    cpu = slurm.gang_resources(parsed(topology__gpu_variant="cpu"))
+    cpu = gang_resources(parsed(topology__gpu_variant="cpu"))
     assert "gres" not in cpu and cpu["tasks"] == 8  # CPU ranks: no GPU request, one task per node
-    assert slurm.gang_resources(parse_experiment(experiment(), "t")) == {"chain_max_links": 1, "chain_signal_lead_s": 0}
+    assert gang_resources(parse_experiment(experiment(), "t")) == {}  # no Slurm section: nothing for Slurm
 
 
 def test_every_chain_problem_is_reported_at_once_with_field_value_and_fix() -> None:
     exp = parsed(execution__slurm={"time_limit": "00:10:00", "signal_lead_s": 900})
-    problems = {v.field: str(v) for v in slurm.check_chain(exp, 500, 10, step_time_s=None)}
+    problems = {v.field: str(v) for v in slurm.check_chain(exp.execution.slurm, 500, 10, step_time_s=None)}
     assert set(problems) == {"execution.slurm.account", "execution.slurm.partition", "execution.slurm.signal_lead_s"}
     assert "900 s is not shorter than time_limit 00:10:00" in problems["execution.slurm.signal_lead_s"]
 
 
 def test_a_measured_step_time_checks_the_lead_one_checkpoint_interval_and_the_links() -> None:
     exp = parsed(execution__slurm=dict(JUPITER, time_limit="01:00:00", signal_lead_s=60, max_links=2))
-    assert slurm.check_chain(exp, 100, 10, step_time_s=30.0) == []
+    assert slurm.check_chain(exp.execution.slurm, 100, 10, step_time_s=30.0) == []
     assert slurm.expected_links(exp.execution.slurm, 100, 30.0) == 1
-    problems = {v.field: str(v) for v in slurm.check_chain(exp, 1000, 200, step_time_s=90.0)}
+    problems = {v.field: str(v) for v in slurm.check_chain(exp.execution.slurm, 1000, 200, step_time_s=90.0)}
     assert "shorter than one step (~90 s)" in problems["execution.slurm.signal_lead_s"]
     assert "under one checkpoint interval (200 steps x ~90 s" in problems["execution.slurm.time_limit"]
     assert "raise max_links to at least 26" in problems["execution.slurm.max_links"]
     lines = [{"step": 1, "perf/step_time_s": 3}, {"step": 2, "perf/step_time_s": 5}, {"step": 3}]
-    assert slurm.measured_step_time(lines) == 4 and slurm.measured_step_time([]) is None
+    assert median_step_time(lines) == 4 and median_step_time([]) is None
 
 
 @pytest.mark.parametrize(
@@ -88,15 +99,15 @@ def test_a_measured_step_time_checks_the_lead_one_checkpoint_interval_and_the_li
     ],
 )
 def test_seed_004_node_count_rule_against_the_partition(gpus: list[int], nodes: int, fields: set, fix: str) -> None:
-    problems = slurm.check_partition(parsed(), slurm.Partition("booster", gpus))
+    problems = slurm.check_partition(gang_of(parsed()), slurm.Partition("booster", gpus))
     assert {v.field for v in problems} == fields
     assert fix in " ".join(str(v) for v in problems)
-    assert slurm.check_partition(parsed(), None) == []  # Slurm not reachable: nothing to check against
+    assert slurm.check_partition(gang_of(parsed()), None) == []  # Slurm not reachable: nothing to check against
 
 
 def test_cpu_ranks_need_no_gpus_and_a_missing_partition_is_named() -> None:
-    assert slurm.check_partition(parsed(topology__gpu_variant="cpu"), slurm.Partition("cpu", [0] * 8)) == []
-    (problem,) = slurm.check_partition(parsed(), slurm.Partition("bosster", []))
+    assert slurm.check_partition(gang_of(parsed(topology__gpu_variant="cpu")), slurm.Partition("cpu", [0] * 8)) == []
+    (problem,) = slurm.check_partition(gang_of(parsed()), slurm.Partition("bosster", []))
     assert problem.field == "execution.slurm.partition" and "'bosster' has no nodes" in str(problem)
 
 
@@ -171,7 +182,7 @@ def test_a_slurm_job_gets_the_allow_list_and_process_basics_only() -> None:
         "SLURM_CONF": "/etc/slurm/slurm.conf",
         "LC_ALL": "C",
     }
-    removed = restrict_to_forwarded(environ)
+    removed = restrict_to_forwarded(environ, scheduler_prefixes=Slurm.variable_prefixes)
     assert removed == ["AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "R2_TOKEN"]
     assert set(environ) == {
         "PATH",
@@ -196,13 +207,15 @@ WARNED_WHILE_STARTING = """
 import os, signal, sys
 from rlbuild.core.errors import RlbuildError
 from rlbuild.job import gang
+from rlbuild.schedulers import gangtask
 
 def check_runtime(launch, environ):
     os.kill(os.getpid(), signal.SIGUSR1)
     raise RlbuildError("the launch document said no")
 
 gang.check_runtime = check_runtime
-sys.exit(gang.main(["--nodes", "1", "--gang-id", "g", "--launch", "launch.yaml", "--", "true"]))
+sys.argv = ["gangtask", "--nodes", "1", "--gang-id", "g", "--launch", "launch.yaml", "--", "true"]
+sys.exit(gangtask.main())
 """
 
 

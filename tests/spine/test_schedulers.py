@@ -9,19 +9,29 @@ import pytest
 
 from rlbuild.job.rendezvous import GangTaskError
 from rlbuild.ops.status import Options, job_ended, scheduler_state
-from rlbuild.schedulers import iris, local, slurm
 from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
-from rlbuild.schedulers.registry import NAMES, UnknownSchedulerError, scheduler_for, task_scheduler
+from rlbuild.schedulers.iris import rpc as iris
+from rlbuild.schedulers.iris.scheduler import IrisScheduler
+from rlbuild.schedulers.local import scheduler as local
+from rlbuild.schedulers.registry import (
+    SCHEDULERS,
+    UnknownSchedulerError,
+    job_here,
+    job_scheduler,
+    scheduler_for,
+    task_scheduler,
+)
+from rlbuild.schedulers.slurm import scheduler as slurm
 
 
 def test_every_scheduler_is_found_by_its_name_and_a_wrong_name_is_named_with_the_choices() -> None:
-    assert NAMES == ("local", "iris", "slurm")
-    for name in NAMES:
+    assert tuple(SCHEDULERS) == ("iris", "slurm", "local")  # asked in this order which runs this process
+    for name in SCHEDULERS:
         assert scheduler_for(name).name == name
     assert scheduler_for("iris", "http://controller:10000").address == "http://controller:10000"
     with pytest.raises(UnknownSchedulerError) as raised:
         scheduler_for("pbs", where="head.json")
-    assert str(raised.value) == "head.json: unknown scheduler 'pbs'; rlbuild knows 'local', 'iris', 'slurm'"
+    assert str(raised.value) == "head.json: unknown scheduler 'pbs'; rlbuild knows 'iris', 'slurm', 'local'"
 
 
 def test_the_task_environment_says_which_scheduler_runs_this_process() -> None:
@@ -29,6 +39,10 @@ def test_the_task_environment_says_which_scheduler_runs_this_process() -> None:
     assert (on_iris.name, on_iris.address) == ("iris", "http://c:1")
     assert task_scheduler({"SLURM_PROCID": "0", "SLURM_JOB_ID": "7"}).name == "slurm"
     assert task_scheduler({"SLURM_JOB_ID": "7"}).name == "local"  # a batch script, not a task of a step
+    # ... but it runs in a Slurm job: its train job is a link of a chain, and a lease names the job.
+    assert job_scheduler({"SLURM_JOB_ID": "7"}).name == "slurm" and job_here({"SLURM_JOB_ID": "7"}) == ("slurm", "7")
+    assert job_here({"IRIS_TASK_ID": "/u/job/0:1"}) == ("iris", "/u/job") and job_here({}) is None
+    assert job_scheduler({}).name == "local"
     alone = task_scheduler({})
     assert alone.name == "local"
     with pytest.raises(GangTaskError, match="run the bootstrap as an Iris task or a Slurm task"):
@@ -80,18 +94,18 @@ def test_iris_answers_map_to_phases_and_a_job_it_does_not_know_is_unknown() -> N
 
 
 def test_iris_without_a_controller_or_with_a_dead_one_says_why() -> None:
-    assert iris.IrisScheduler().job_states(["/u/a"]) == {"/u/a": JobState(Phase.UNKNOWN, note=iris.NO_CONTROLLER)}
+    assert IrisScheduler().job_states(["/u/a"]) == {"/u/a": JobState(Phase.UNKNOWN, note=iris.NO_CONTROLLER)}
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"
     with pytest.raises(SchedulerUnavailableError, match=f"the Iris controller at {url} did not answer"):
-        iris.IrisScheduler(url).job_states(["/u/a"])
+        IrisScheduler(url).job_states(["/u/a"])
     said: list[str] = []
-    iris.IrisScheduler(url).refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}, said.append)
+    IrisScheduler(url).refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}, said.append)
     assert said[0] == "cancelling Iris job /u/a: a retry would fail the same way"  # said before the cancel kills us
     assert said[1].startswith(f"could not cancel Iris job /u/a, so Iris may retry it: the Iris controller at {url}")
     assert len(said) == 2
-    iris.IrisScheduler().refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}, said.append)
+    IrisScheduler().refuse_retry({"IRIS_TASK_ID": "/u/a/0:0"}, said.append)
     assert len(said) == 2  # no controller to ask
 
 

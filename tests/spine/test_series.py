@@ -62,7 +62,7 @@ def test_every_problem_of_every_arm_is_reported_at_once_naming_its_arm() -> None
             "smoke2": {"smoke": True},
         }
     )
-    fields = _fields(experiment_problems(exp, NodeLimits(None, None, None), ask_slurm=False))
+    fields = _fields(experiment_problems(exp, NodeLimits(None, None, None), ask_scheduler=False))
     assert any(f.startswith("arms.bad-recipe.recipe.trainer.algorithm.kl_loss_coef") for f in fields), fields
     assert any(f.startswith("arms.bad-plan.role_plan") for f in fields), fields
     assert "arms.smoke.topology.num_nodes" in fields

@@ -356,7 +356,7 @@ def test_steps_per_minute_and_eta_are_the_trainers_own_rate(built: Built) -> Non
 def test_a_failed_detached_coordinator_makes_the_verdict_failed(built: Built) -> None:
     built.unbuild("eval")
     entries = built.status()
-    coordinator = {"job": "/alice/rlbuild-tiny-0123", "targets": [f"eval/v{VERSION}/results.json"]}
+    coordinator = {"job": "/alice/rlbuild-tiny-0123", "scheduler": "iris", "targets": [f"eval/v{VERSION}/results.json"]}
     failed = [coordinator | {"job_state": "killed", "job_phase": "failed"}]
     assert overall({VERSION: entries}, failed).startswith(
         "failed: coordinator Iris job /alice/rlbuild-tiny-0123 is killed"

@@ -110,14 +110,14 @@ def test_a_configured_publish_stage_needs_a_token_in_the_environment(
 ) -> None:
     experiment = _experiment(tmp_path, {"repo_id": "my-org/tiny-addition"})
     monkeypatch.delenv(stage.TOKEN_ENV, raising=False)
-    problems = experiment_problems(experiment, NodeLimits(None, None, None), ask_slurm=False)
+    problems = experiment_problems(experiment, NodeLimits(None, None, None), ask_scheduler=False)
     assert [p.field for p in problems] == ["execution.publish"] and "HF_TOKEN" in problems[0].message
     monkeypatch.setenv(stage.TOKEN_ENV, "hf_test")
-    assert experiment_problems(experiment, NodeLimits(None, None, None), ask_slurm=False) == []
+    assert experiment_problems(experiment, NodeLimits(None, None, None), ask_scheduler=False) == []
     unset = parse_experiment(experiment_document(tmp_path), "test experiment")
     monkeypatch.delenv(stage.TOKEN_ENV)
     # Off by default: no token needed.
-    assert experiment_problems(unset, NodeLimits(None, None, None), ask_slurm=False) == []
+    assert experiment_problems(unset, NodeLimits(None, None, None), ask_scheduler=False) == []
 
 
 def _export(tmp_path: Path, launch: LaunchDocument) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 20
 

@@ -65,13 +65,11 @@ def node_sizes(settings: IrisSettings | None) -> list[NodeSize]:
 
 
 def plan_section(settings: IrisSettings | None) -> dict[str, Any]:
-    return {
-        "cluster": settings.cluster if settings else None,
-        "priority": settings.priority if settings else None,
-        "max_retries": settings.max_retries if settings else None,
-    }
+    names = ("cluster", "priority", "max_retries", "cpu", "memory", "disk")
+    return {name: getattr(settings, name) if settings else None for name in names}
 
 
 def plan_lines(section: dict[str, Any]) -> list[str]:
     where = f"cluster {section['cluster']}, priority {section['priority']}, retries {section['max_retries']}"
-    return [f"  placement      {where}"]
+    size = f"per node cpu {section['cpu']}, memory {section['memory']}, disk {section['disk']}"
+    return [f"  iris           {where}; {size}"]

@@ -4,7 +4,8 @@
 rule in the batch step, on the allocation's first node). A link:
 
 1. asks Slurm (`scontrol show job`) which link this is (`Restarts`) and when the job ends;
-2. starts the gang: `srun` one task per node running `python -m rlbuild.job.gang`, rank 0 running the trainer;
+2. starts the gang: `srun` one task per node running `python -m rlbuild.schedulers.gangtask`, rank 0 running the
+   trainer;
    the trainer checkpoints and exits CONTINUE_EXIT_CODE at `end - lead` (RLBUILD_STOP_AT) or on Slurm's warning
    signal (`--signal=USR1@lead`), whichever comes first;
 3. on that code, requeues the job (`scontrol requeue`): Slurm ends this link and starts the next as the same job
@@ -37,10 +38,6 @@ class ChainError(RlbuildError):
 
 def log(message: str) -> None:
     print(f"[chain {time.strftime('%H:%M:%S')}] {redact_text(message)}", file=sys.stderr, flush=True)
-
-
-def in_slurm_job(environ: Mapping[str, str]) -> bool:
-    return bool(environ.get("SLURM_JOB_ID"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ def gang_argv(launch_path: str, trainer_argv: Sequence[str], job: Job) -> list[s
     if allocation.gpu_variant.lower() != CPU_VARIANT:
         srun.append(f"--gres=gpu:{allocation.gpus_per_node}")
     python = python_for(image)
-    gang = [python, "-m", "rlbuild.job.gang", "--nodes", str(allocation.num_nodes)]
+    gang = [python, "-m", "rlbuild.schedulers.gangtask", "--nodes", str(allocation.num_nodes)]
     gang += ["--gang-id", f"slurm-{job.id}", "--launch", launch_path]
     return [*srun, *apptainer_prefix(image), *gang, "--", python, "-m", "trainer", *trainer_argv]
 

@@ -150,9 +150,9 @@ class Slurm(Scheduler):
 
     @classmethod
     def for_task(cls, environ: Mapping[str, str]) -> Slurm | None:
-        """Every process of a Slurm job has `SLURM_JOB_ID` (the plugin's job step strips most other SLURM_*
-        variables from the batch step; a gang task's rank, `SLURM_PROCID`, is asked for by `task`)."""
-        return cls() if environ.get("SLURM_JOB_ID") else None
+        """A task of a job step has `SLURM_PROCID`; the batch step that runs a Snakemake job has only `SLURM_JOB_ID`
+        (`job_of`): it runs in a Slurm job without being one of a gang's tasks."""
+        return cls() if "SLURM_PROCID" in environ else None
 
     def run_training(self, trainer_argv: Sequence[str], launch: str, attempts: str, limits: TrainLimits) -> int:
         """One link of a chain: the gang over srun, requeued until done (chain.py)."""

@@ -1,7 +1,8 @@
 """Snakemake executor plugin for Marin's Iris scheduler.
 
 CPU rules become single Iris tasks; a rule that declares `gpu_nodes` becomes one co-scheduled gang of whole
-nodes whose tasks run the `rlbuild.job.gang` bootstrap (Ray across the nodes, then the Snakemake job on rank 0).
+nodes whose tasks run the `rlbuild.schedulers.gangtask` bootstrap (Ray across the nodes, then the Snakemake job on
+rank 0).
 """
 
 import os

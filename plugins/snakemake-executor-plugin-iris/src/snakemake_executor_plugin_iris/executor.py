@@ -22,8 +22,8 @@ from snakemake_interface_executor_plugins.settings import SharedFSUsage
 from rlbuild.core.redact import redact_text
 from rlbuild.core.wire import RAY_PORT_NAMES
 from rlbuild.schedulers.base import JobState, Phase, SchedulerUnavailableError
-from rlbuild.schedulers.iris.scheduler import IrisScheduler
 from rlbuild.schedulers.iris.client import Iris, IrisSubmitError, Submission, in_bundle, shell
+from rlbuild.schedulers.iris.scheduler import IrisScheduler
 from snakemake_executor_plugin_iris.errors import IrisSettingError
 from snakemake_executor_plugin_iris.names import job_name
 from snakemake_executor_plugin_iris.requests import (

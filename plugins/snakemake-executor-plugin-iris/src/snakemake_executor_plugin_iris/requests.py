@@ -122,7 +122,7 @@ def gang_command(
     join_timeout_s: int,
 ) -> str:
     """Every task of the gang runs the bootstrap; rank 0 runs `step` (the Snakemake job) once Ray is up."""
-    argv = [python, "-m", "rlbuild.job.gang", "--nodes", str(nodes), "--gang-id", gang_id]
+    argv = [python, "-m", "rlbuild.schedulers.gangtask", "--nodes", str(nodes), "--gang-id", gang_id]
     argv += ["--join-timeout", str(join_timeout_s)]
     if launch:
         argv += ["--launch", launch]
