@@ -65,7 +65,7 @@ from rlbuild.plan.versioning import (
     rebuild_reasons,
 )
 from rlbuild.schedulers.base import COMMAND_RESOURCES, JobRequest
-from rlbuild.schedulers.registry import executor_scheduler, resource_owner
+from rlbuild.schedulers.registry import SCHEDULERS, bundle_settings, cluster_names, executor_scheduler, resource_owner
 
 RULE_KIND = {a.rule: a.kind for a in ARTIFACTS}
 # Rules whose rerun makes `train` rerun: train itself and everything upstream of it.
@@ -119,7 +119,7 @@ def workflow_config(config: dict[str, Any], source: str = "--config / config/con
             Violation(
                 "config.storage_root",
                 f"{parsed.storage_root!r} is a URL; this key is the local folder (relative to the repository)",
-                "for S3 run `snakemake --profile iris` with RLBUILD_BUCKET and RLBUILD_PREFIX exported",
+                f"for S3 run `snakemake --profile {cluster_names()}` with RLBUILD_BUCKET and RLBUILD_PREFIX exported",
             )
         )
     if problems:
@@ -207,8 +207,8 @@ def bound_plugin_requests(provider: Any) -> None:
 def recheck_missing_directories() -> None:
     """snakemake-storage-plugin-s3 0.3.6 caches `is_dir() == False` from the DAG-time probe of a directory output
     that does not exist yet, so the main process never sees the directory a cluster job uploads (`export/v...`
-    "missing in storage" after --latency-wait). Keep only a found directory cached. The Iris executor forgets the
-    probe itself on success; the official Slurm plugin has no such hook."""
+    "missing in storage" after --latency-wait). Keep only a found directory cached (an executor plugin may forget
+    the probe itself on success; not every one has such a hook)."""
     from snakemake_storage_plugin_s3 import StorageObject
 
     probe = StorageObject.is_dir
@@ -412,9 +412,9 @@ def experiment_file(repo: Path, selector: str) -> Path:
 
 def in_checkout(repo: Path, path: Path) -> str:
     """`path` relative to the checkout, as a job that runs the checkout's bundle finds it; refused when the bundle
-    would not carry it (outside the checkout, git-ignored, or left out by `[tool.iris.bundle]`)."""
+    would not carry it (outside the checkout, git-ignored, or left out by a scheduler's bundle excludes)."""
     fix = (
-        "Iris jobs get the checkout as a bundle and see no other file of this machine: put the experiment in "
+        "jobs that get the checkout as a bundle see no other file of this machine: put the experiment in "
         "the checkout, e.g. config/experiments/ (not git-ignored)"
     )
     try:
@@ -424,23 +424,23 @@ def in_checkout(repo: Path, path: Path) -> str:
     else:
         if not _left_out_of_bundles(repo, relative):
             return relative
-        problem = f"{relative} is git-ignored or excluded by [tool.iris.bundle] in pyproject.toml"
+        problem = f"{relative} is git-ignored or excluded from bundles by pyproject.toml ({bundle_settings()})"
     raise PreflightError("config.experiment", [Violation("experiment", problem, fix)])
 
 
 def _left_out_of_bundles(repo: Path, relative: str) -> bool:
     project = tomllib.loads((repo / "pyproject.toml").read_text()) if (repo / "pyproject.toml").is_file() else {}
-    patterns = project.get("tool", {}).get("iris", {}).get("bundle", {}).get("exclude", [])
+    patterns = [p for cls in SCHEDULERS.values() for p in cls.bundle_excludes(project)]
     if any(re.search(pattern, relative) for pattern in patterns):
         return True
     ignored = subprocess.run(["git", "check-ignore", "-q", relative], cwd=repo, capture_output=True, check=False)
-    return ignored.returncode == 0  # 1: not ignored; 128: not a git repository (Iris then bundles every file)
+    return ignored.returncode == 0  # 1: not ignored; 128: not a git repository (a bundle then holds every file)
 
 
 def hand_experiment_to_bundles(workflow: Any, repo: Path, path: Path) -> None:
-    """Where Snakemake shares no sources with its jobs (the iris profile), each job runs the checkout's bundle in
-    a folder of its own: jobs are handed the experiment relative to the checkout (this machine's path of it
-    means nothing there)."""
+    """Where Snakemake shares no sources with its jobs (a profile whose jobs run a bundle), each job runs the
+    checkout's bundle in a folder of its own: jobs are handed the experiment relative to the checkout (this
+    machine's path of it means nothing there)."""
     if SharedFSUsage.SOURCES in workflow.storage_settings.shared_fs_usage or not workflow.is_main_process:
         return
     relative = in_checkout(repo, path)
@@ -772,9 +772,10 @@ class Graph:
         return inputs
 
     def hand_env_to_jobs(self, workflow: Any) -> None:
-        """`execution.env` reaches every job's tasks: set here, local jobs inherit it; declared to Snakemake, the
-        Iris executor hands it to Iris with the rest of the declared environment; Slurm's `--export=ALL` carries
-        it (`restrict_job_environment` keeps it). Jobs re-read the Snakefile and set the same values."""
+        """`execution.env` reaches every job's tasks: set here, local jobs inherit it; declared to Snakemake, an
+        executor plugin hands it to its scheduler with the rest of the declared environment, or the job inherits the
+        submitting environment (`restrict_job_environment` keeps it). Jobs re-read the Snakefile and set the same
+        values."""
         env = self.experiment.execution.env
         os.environ.update(env)
         if env:

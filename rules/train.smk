@@ -1,8 +1,9 @@
 rule train:
-    """Train with GRPO to train/v{version}/terminal.json: one Iris gang, one chained Slurm job or a local Ray;
-    resumes from the latest checkpoint, keeps every attempt's log in storage."""
-    # The GPU gang: under the iris profile one Iris job of `gpu_nodes` whole nodes; under the slurm profile one
-    # Slurm job of whole nodes, chained past its wall-clock limit (rlbuild/schedulers/slurm/chain.py); locally, a local Ray.
+    """Train with GRPO to train/v{version}/terminal.json: one gang of whole nodes on a cluster's scheduler (its
+    jobs chained past a wall-clock limit where it has one) or a local Ray; resumes from the latest checkpoint, keeps
+    every attempt's log in storage."""
+    # The GPU gang: under a cluster profile one job of `gpu_nodes` whole nodes, as that scheduler's package asks for
+    # it (rlbuild/schedulers/); locally, a local Ray.
     # Every attempt's whole log is also kept in storage, under the run's attempts folder (rlbuild/job/attempt.py).
     input:
         GRAPH.train_inputs,

@@ -1,8 +1,9 @@
 """'To be continued': stop at a step boundary before the job's wall-clock limit, or when asked, checkpoint, and exit.
 
-A run on Slurm is a chain of jobs (rlbuild/schedulers/slurm/chain.py). The trainer is asked to stop by Slurm's warning signal
-(SIGUSR1, `--signal=USR1@<lead>`) or by the deadline the chain passes in RLBUILD_STOP_AT (the job's end less the
-lead; Slurm's signal may come up to a minute late or, before the trainer listens, not at all). The loop asks
+A run on a scheduler whose jobs end at a wall-clock limit is a chain of jobs (rlbuild/schedulers/). The trainer is
+asked to stop by the scheduler's warning signal (SIGUSR1, `--signal=USR1@<lead>`) or by the deadline the chain
+passes in RLBUILD_STOP_AT (the job's end less the lead; the signal may come up to a minute late or, before the
+trainer listens, not at all). The loop asks
 `requested()` once per step: the step under way finishes, a checkpoint of it is written, and the process exits
 with CONTINUE_EXIT_CODE; the next link resumes from that checkpoint, so no step is trained twice.
 

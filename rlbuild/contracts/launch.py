@@ -22,7 +22,7 @@ from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.core.validation import StrictModel
 
-SCHEMA_VERSION = 3  # 3: `allocation` and `schedulers` (2 kept both under `iris`)
+SCHEMA_VERSION = 3  # 3: `allocation` and `schedulers` (2 kept the allocation inside one scheduler's section)
 
 
 class LaunchDocumentError(RlbuildError):
@@ -45,8 +45,8 @@ PINNED_SIF = re.compile(r"^(/[^@\s]+\.sif)@sha256:([0-9a-f]{64})$")
 
 
 def apptainer_target(image: str | None) -> str | None:
-    """What `apptainer exec` runs for a runtime image of Slurm's kinds: the SIF file (its digest is rlbuild's pin,
-    checked by preflight) or the docker:// reference as written; None for no image or an Iris task image."""
+    """What `apptainer exec` runs for a runtime image Apptainer runs: the SIF file (its digest is rlbuild's pin,
+    checked by preflight) or the docker:// reference as written; None for no image or an OCI task image."""
     if image is None:
         return None
     if image.startswith("docker://"):
@@ -61,8 +61,8 @@ class Runtime(StrictModel):
     source_digest: str = Field(description="digest of the code that runs in the job (rlbuild.contracts.runtime)")
     image: str | None = Field(
         default=None,
-        description="the container image the nodes run (pinned by digest: an Iris task image, or on Slurm a SIF file "
-        "or docker:// reference run with apptainer); None: set up from uv.lock, or this .venv where jobs share it",
+        description="the container image the nodes run (pinned by digest: an OCI task image, or a SIF file or "
+        "docker:// reference run with apptainer); None: set up from uv.lock, or this .venv where jobs share it",
     )
     image_provides: dict[str, str] | None = Field(
         default=None, description="the packages the image declares (torch first), checked by each node before Ray"

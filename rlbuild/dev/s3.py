@@ -1,4 +1,4 @@
-"""A real S3-compatible server on loopback (moto), for `make iris-local`, the tests and the benchmarks."""
+"""A real S3-compatible server on loopback (moto), for the Makefile's local cluster, the tests and the benchmarks."""
 
 from __future__ import annotations
 

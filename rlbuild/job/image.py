@@ -1,4 +1,5 @@
-"""A Slurm gang inside an Apptainer image, and the image's declaration checked on the node.
+"""A gang inside an Apptainer image (where the jobs share this checkout's file system), and the image's
+declaration checked on the node.
 
 Where `runtime.image` is a SIF file (`/path/x.sif@sha256:...`) or a `docker://...@sha256:...` reference, every srun
 task of the train gang runs `apptainer exec --nv` of it: the checkout bound at its own path and first on PYTHONPATH

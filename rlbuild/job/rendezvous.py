@@ -7,8 +7,8 @@ Layout under `<root>/<job>/<gang id>/attempt-<n>/`:
   done              rank 0's job step succeeded: workers exit 0
   failed            rank 0's job step failed (the text says how): workers exit non-zero
 
-`<job>`, `<n>` and the rank are the task's, as its scheduler tells it (`Scheduler.task`: the Iris job name and
-attempt, or `slurm-<job id>` and the link of a requeued Slurm job), and `<gang id>` is fixed at submission (a
+`<job>`, `<n>` and the rank are the task's, as its scheduler tells it (`Scheduler.task`: the job's name or id, and
+its attempt: a restart of the gang, or the link of a requeued job), and `<gang id>` is fixed at submission (a
 re-used job name never sees an older submission's files): a restarted gang rendezvouses in a fresh folder.
 """
 
@@ -142,5 +142,5 @@ class Rendezvous:
 
 
 def _safe(part: str) -> str:
-    """A path component from a job name or id (Iris names are `/user/job`)."""
+    """A path component from a job name or id (a scheduler's job names may hold `/`: `/user/job`)."""
     return part.strip("/").replace("/", ".") or "_"

@@ -37,6 +37,7 @@ from rlbuild.contracts.sources import Source, SourceError, parse_source
 from rlbuild.core.errors import Violation
 from rlbuild.plan.noderuntime import NodeRuntime, harbor_needed
 from rlbuild.plan.spec import Experiment
+from rlbuild.schedulers.registry import cluster_names
 
 GROUP = "rlbuild.environments"
 CONCURRENT_FIELD = "recipe.environment.sandbox.max_concurrent"
@@ -265,7 +266,7 @@ def check_harbor_runtime(experiment: Experiment, recipe: Recipe, nodes: NodeRunt
         where = "the nodes run this checkout and its .venv, where harbor is not importable"
         fix = (
             f"install the {HARBOR_EXTRA!r} extra with `{INSTALL_HARBOR}`; if the jobs do not run this .venv, "
-            "judge the runtime they do run with `rlbuild check --profile iris` (or slurm)"
+            f"judge the runtime they do run with `rlbuild check --profile {cluster_names()}`"
         )
     else:
         where = f"the nodes set up from uv.lock with extras {', '.join(nodes.extras)}, which resolve no harbor for "

@@ -1,12 +1,13 @@
 """What the nodes of a job run, judged on the machine that plans it, which is often a laptop without a GPU stack.
 
-Where Snakemake shares software deployment with the jobs (the local executor; Slurm's shared file system), the
-nodes run this checkout's .venv, and that is what is judged, unless `runtime.image` names an image Apptainer runs
-(a SIF file or a docker:// reference: Slurm's train gang runs inside it). Elsewhere (Iris) the nodes run what the
-experiment declares: `runtime.image` (pinned by digest), or an environment set up from the bundle's uv.lock with the
-`gpu` extra on GPU topologies and the `harbor` extra where Harbor plays the episodes; the lock's resolution for the
-nodes' platform (`topology.platform`: x86_64, or aarch64 for Grace nodes) is read, never the packages installed
-here. An image's packages are what `runtime.image_provides` declares; each node checks that declaration.
+Where Snakemake shares software deployment with the jobs (the local executor; a cluster's shared file system),
+the nodes run this checkout's .venv, and that is what is judged, unless `runtime.image` names an image Apptainer
+runs (a SIF file or a docker:// reference: the train gang runs inside it). Elsewhere (jobs that run a bundle of
+the checkout) the nodes run what the experiment declares: `runtime.image` (pinned by digest), or an environment
+set up from the bundle's uv.lock with the `gpu` extra on GPU topologies and the `harbor` extra where Harbor plays
+the episodes; the lock's resolution for the nodes' platform (`topology.platform`: x86_64, or aarch64 for Grace
+nodes) is read, never the packages installed here. An image's packages are what `runtime.image_provides`
+declares; each node checks that declaration.
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def node_runtime(experiment: Experiment, *, shares_venv: bool) -> NodeRuntime:
 
 
 def image_problems(experiment: Experiment, *, shares_venv: bool) -> list[Violation]:
-    """An Apptainer image is Slurm's (Iris runs OCI task images), and a SIF file is on this host, which shares its
-    file system with the nodes, with the bytes its pin names (hashed once per file version: a SIF is gigabytes)."""
+    """An Apptainer image runs where the jobs share this host's file system (jobs that run a bundle of the checkout
+    take an OCI task image), and a SIF file is on this host, which shares its file system with the nodes, with the
+    bytes its pin names (hashed once per file version: a SIF is gigabytes)."""
     image = experiment.runtime.image
     if apptainer_target(image) is None:
         return []
@@ -114,9 +116,10 @@ def image_problems(experiment: Experiment, *, shares_venv: bool) -> list[Violati
         return [
             Violation(
                 "runtime.image",
-                f"{image}: Apptainer images (a SIF file, a docker:// reference) run on Slurm, and this profile's "
-                "jobs run as Iris tasks, which take an OCI image",
-                "pin an OCI image as registry/name@sha256:<digest> for Iris, or run with --profile slurm",
+                f"{image}: Apptainer images (a SIF file, a docker:// reference) run where the jobs share this "
+                "checkout's file system, and this profile's jobs run a bundle of it, which takes an OCI image",
+                "pin an OCI image as registry/name@sha256:<digest> for this profile, or run with a profile whose "
+                "jobs share the checkout (shared-fs-usage: software-deployment)",
             )
         ]
     sif = PINNED_SIF.match(image or "")

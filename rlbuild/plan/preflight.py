@@ -27,6 +27,7 @@ from rlbuild.plan.modelcheck import check_base_model, check_model, source_model_
 from rlbuild.plan.noderuntime import NodeRuntime, image_problems, node_runtime, on_gpus
 from rlbuild.plan.roleplan import check_role_plan, role_plan_recipe_keys
 from rlbuild.plan.spec import Experiment, RolePlan, Runtime, Topology
+from rlbuild.schedulers.registry import cluster_names
 
 # Strategies this runtime can execute, and the package that would provide the others.
 INSTALLED_STRATEGIES = {"fsdp2"}
@@ -175,7 +176,7 @@ def check_backend(experiment: Experiment, recipe: Recipe, nodes: NodeRuntime) ->
             "the nodes run this checkout and its .venv",
             f"install it with `{INSTALL_VLLM}` (Linux GPU nodes, x86_64 or aarch64)",
             "this judged the local executor's .venv: where the jobs run on a cluster, `rlbuild check --profile "
-            "iris|slurm` judges the nodes' runtime",
+            f"{cluster_names()}` judges the nodes' runtime",
         ),
         "lock": (
             f"the nodes set up from uv.lock{' with extras ' + ', '.join(nodes.extras) if nodes.extras else ''}, "

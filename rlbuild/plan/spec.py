@@ -48,8 +48,9 @@ NOT_OVERLAID = ("name", "arms")
 
 # An OCI reference pinned by content: `registry/name@sha256:<64 hex>` (a tag may stand before the digest).
 PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
-# What Apptainer runs on Slurm: an OCI reference it pulls (`docker://...@sha256:`), or a SIF file on the shared file
-# system pinned by the sha256 of its bytes (`/abs/path/x.sif@sha256:`), which preflight hashes on the submitting host.
+# What Apptainer runs where jobs share this checkout: an OCI reference it pulls (`docker://...@sha256:`), or a SIF
+# file on the shared file system pinned by the sha256 of its bytes (`/abs/path/x.sif@sha256:`), which preflight
+# hashes on the submitting host.
 PINNED_DOCKER = re.compile(r"^docker://[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 MAX_IMAGE_LENGTH = 512
 # What an image declares it holds: a package and its version (or a prefix of its release: torch "2.11").
@@ -63,9 +64,10 @@ class Runtime(StrictModel):
     image: str | None = Field(
         default=None,
         max_length=MAX_IMAGE_LENGTH,
-        description="the container image cluster nodes run, pinned by digest: on Iris name@sha256:..., on Slurm a SIF "
-        "file /path/x.sif@sha256:... or docker://name@sha256:... (run with apptainer exec); without one, nodes set up "
-        "from the bundle's uv.lock (Iris) or run this checkout's .venv (Slurm)",
+        description="the container image cluster nodes run, pinned by digest: an OCI task image name@sha256:... "
+        "where jobs run a bundle of the checkout; a SIF file /path/x.sif@sha256:... or docker://name@sha256:... (run "
+        "with apptainer exec) where they share it; without one, nodes set up from the bundle's uv.lock or run this "
+        "checkout's .venv",
     )
     image_provides: dict[ProvidedPackage, Annotated[str, Field(max_length=64, pattern=VERSION_TEXT)]] | None = Field(
         default=None,
@@ -308,8 +310,8 @@ class ExecutionBase(StrictModel):
 
 
 def _execution_model() -> type[ExecutionBase]:
-    """`execution`: the fields above and one optional section per scheduler that takes settings (`execution.iris`,
-    ...), validated by that scheduler's own model (rlbuild/schedulers/registry.py lists them)."""
+    """`execution`: the fields above and one optional section per scheduler that takes settings (`execution.<name>`),
+    validated by that scheduler's own model (rlbuild/schedulers/registry.py lists them)."""
     sections: dict[str, Any] = {
         name: (cls.settings_model | None, Field(None, description=f"placement on {cls.title}"))
         for name, cls in SCHEDULERS.items()

@@ -4,10 +4,10 @@ against what storage already holds for it (`checked_plan`).
 The dry run (`snakemake -n`), every real run and `rlbuild check` all go through these two functions (`check_all`
 runs both, for `rlbuild check`; the Snakefile runs the first while it is parsed and the second in the rules' input
 functions), so they refuse exactly the same things: a bad version, every preflight violation, node sizes over the
-profile's limits, a Slurm partition that cannot hold the gang (where Slurm answers), configuration drift of a
-completed artifact of a fixed version, training that would start or resume under other code than its launch
-document or checkpoints name, engine geometry the staged model cannot shard, and a Slurm chain that the step time
-measured by an earlier run of the version would not fit.
+profile's limits, what the scheduler itself refuses (a partition that cannot hold the gang, where it answers),
+configuration drift of a completed artifact of a fixed version, training that would start or resume under other
+code than its launch document or checkpoints name, engine geometry the staged model cannot shard, and a chain of
+jobs that the step time measured by an earlier run of the version would not fit.
 """
 
 from __future__ import annotations

@@ -163,11 +163,22 @@ class Scheduler(ABC):
     sized_by_step_time: ClassVar[bool] = False
     address_option: ClassVar[AddressOption | None] = None  # None: its commands need no address
     runs_coordinators: ClassVar[bool] = False  # it can run Snakemake itself as a detached job (`rlbuild submit`)
+    # Its jobs run a bundle of the checkout: the pyproject.toml table whose `exclude` patterns the bundle leaves out.
+    bundle_table: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, address: str | None = None) -> None:
         self.address = address
 
     # -- before anything runs --------------------------------------------------------------------------------------
+
+    @classmethod
+    def bundle_excludes(cls, project: Mapping[str, Any]) -> list[str]:
+        """Patterns of files the scheduler leaves out of the checkout's bundle, from pyproject.toml (`project`):
+        the `exclude` list of its `bundle_table`."""
+        table: Any = project
+        for key in cls.bundle_table or ():
+            table = table.get(key, {}) if isinstance(table, Mapping) else {}
+        return list(table.get("exclude", [])) if cls.bundle_table and isinstance(table, Mapping) else []
 
     @classmethod
     def runs_under(cls, executor: str) -> bool:

@@ -23,6 +23,16 @@ class UnknownSchedulerError(RlbuildError):
         super().__init__(f"{where}: unknown scheduler {name!r}; rlbuild knows {', '.join(map(repr, SCHEDULERS))}")
 
 
+def cluster_names() -> str:
+    """The names of the schedulers that run jobs on a cluster (each a profile), as a command line offers them."""
+    return "|".join(name for name, cls in SCHEDULERS.items() if cls is not Local)
+
+
+def bundle_settings() -> str:
+    """Where pyproject.toml says what each scheduler's bundles leave out, as a sentence names them."""
+    return ", ".join(f"[{'.'.join(cls.bundle_table)}]" for cls in SCHEDULERS.values() if cls.bundle_table) or "none"
+
+
 def register(cls: type[Scheduler]) -> None:
     """Add a scheduler (asked before the local one which runs this process). Register before the experiment's
     model is first imported (rlbuild.plan.spec), which builds `execution`'s sections from this table."""

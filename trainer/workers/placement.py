@@ -95,7 +95,7 @@ def session_folder() -> str:
     """Where the local Ray keeps its session: the folder `rlbuild train` made for this run (it removes it, and
     ends what Ray left, however the trainer ends), else a fresh one of this process's, removed at its exit (Ray's
     own shutdown at exit runs first). Under /tmp, not TMPDIR: Ray's unix sockets live in it, a socket path may
-    not exceed 107 bytes, and a scheduler's TMPDIR (an Iris task's) can be long."""
+    not exceed 107 bytes, and a scheduler's TMPDIR (a task's own folder) can be long."""
     given = os.environ.get(RAY_TEMP_DIR_ENV)
     if given:
         return given

@@ -31,6 +31,7 @@ class IrisScheduler(Scheduler):
     variable_prefixes = ("IRIS_",)
     address_option = AddressOption("--iris-controller-url", "SNAKEMAKE_IRIS_CONTROLLER_URL", "the Iris controller")
     runs_coordinators = True
+    bundle_table = ("tool", "iris", "bundle")  # what the Iris client leaves out of a job's workspace bundle
 
     @classmethod
     def owns_resource(cls, resource: str) -> bool:
