@@ -5,6 +5,7 @@ contract page naming every module."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 from collections import defaultdict
 from graphlib import CycleError, TopologicalSorter
@@ -190,3 +191,27 @@ def test_the_contract_page_names_every_module(folder: str) -> None:
 
 def test_the_contract_page_points_at_nothing_outside_the_repository() -> None:
     assert "../" not in (REPO / "docs" / "design.md").read_text()
+
+
+# Where a scheduler may be named: its own package, the registry, and what is not code (docs, profiles, the
+# executor plugins Snakemake loads for a scheduler, the tests).
+SCHEDULER_CODE = ("rlbuild/schedulers/",)
+
+
+def test_nothing_outside_the_schedulers_packages_names_a_scheduler() -> None:
+    """A scheduler is one package: no module, docstring or comment of rlbuild (outside rlbuild/schedulers/), the
+    trainer, the Snakefile or the rules names one, so adding a scheduler touches its package and the registry."""
+    from rlbuild.schedulers.registry import SCHEDULERS
+
+    names = [name for name in SCHEDULERS if name != "local"]  # `local` is also an ordinary word
+    word = re.compile(rf"(?<![A-Za-z0-9])({'|'.join(names)})(?![a-z])", re.IGNORECASE)
+    files = [*_python_files("rlbuild", "trainer"), REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in files
+        if not path.relative_to(REPO).as_posix().startswith(SCHEDULER_CODE)
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if word.search(line)
+    ]
+    assert found == []
+    assert word.search("SLURM_JOB_ID") and word.search("execution.iris") and not word.search("irises")

@@ -3,9 +3,14 @@ scheduler's words for a job's state mean (squeue/sacct output, Iris's GetJobStat
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from rlbuild.job.rendezvous import GangTaskError
 from rlbuild.ops.status import Options, job_ended, scheduler_state
@@ -22,6 +27,7 @@ from rlbuild.schedulers.registry import (
     task_scheduler,
 )
 from rlbuild.schedulers.slurm import scheduler as slurm
+from tests.conftest import EXPERIMENTS, REPO
 
 
 def test_every_scheduler_is_found_by_its_name_and_a_wrong_name_is_named_with_the_choices() -> None:
@@ -117,3 +123,113 @@ def test_status_asks_the_recorded_scheduler_and_only_an_ended_job_ends_a_train()
     assert job_ended({"job_phase": "failed"}) and job_ended({"job_phase": "succeeded"})
     assert not job_ended({"job_phase": "running"}) and not job_ended({"job_phase": "unknown"})
     assert not job_ended(None) and not job_ended({})
+
+
+# A fourth scheduler, written as a package of its own would be and registered from outside rlbuild: its settings
+# model, the resources it puts on rules, its preflight problem and its plan lines are all it defines.
+ECHO_PACKAGE = """
+from typing import Any
+
+from rlbuild.core.errors import Violation
+from rlbuild.core.validation import StrictModel
+from rlbuild.schedulers.base import JobRequest, PlanFacts, Scheduler
+
+
+class EchoSettings(StrictModel):
+    queue: str
+
+
+class Echo(Scheduler):
+    name = "echo"
+    title = "Echo"
+    settings_model = EchoSettings
+
+    @classmethod
+    def for_task(cls, environ):
+        return None
+
+    def job_states(self, jobs):
+        return {}
+
+    def cancel(self, job):
+        return None
+
+    def task(self, environ):
+        raise NotImplementedError
+
+    def gang_ports(self, environ, rank):
+        raise NotImplementedError
+
+    @classmethod
+    def owns_resource(cls, resource: str) -> bool:
+        return resource.startswith("echo_")
+
+    @classmethod
+    def rule_resources(cls, settings: Any, request: JobRequest) -> dict:
+        return {"echo_queue": settings.queue} if settings is not None else {}
+
+    @classmethod
+    def problems(cls, settings: Any, facts: PlanFacts) -> list:
+        if settings is not None and settings.queue == "full":
+            return [Violation("execution.echo.queue", "'full' takes no jobs", "name another queue")]
+        return []
+
+    @classmethod
+    def plan_section(cls, settings: Any, facts: PlanFacts) -> dict | None:
+        return {"queue": settings.queue, "nodes": facts.gang.num_nodes} if settings is not None else None
+
+    @classmethod
+    def plan_lines(cls, section: dict, facts: PlanFacts) -> list:
+        return [f"  echo           queue {section['queue']}, {section['nodes']} node(s) echoed"]
+"""
+DRIVER = """
+import sys
+
+from echo_scheduler import Echo
+from rlbuild.schedulers.registry import register
+
+register(Echo)  # before the experiment's model is built
+
+from snakemake.cli import main
+
+main(sys.argv[1:])
+"""
+
+
+def test_a_scheduler_registered_from_outside_rlbuild_is_checked_and_planned_by_the_default_graph(
+    tmp_path: Path,
+) -> None:
+    """Adding a scheduler touches its own package and the registry only: registered from this test, the default
+    graph's dry run validates its section, asks it for problems and resources, and prints its plan lines."""
+    (tmp_path / "echo_scheduler").mkdir()
+    (tmp_path / "echo_scheduler" / "__init__.py").write_text(ECHO_PACKAGE)
+    (tmp_path / "driver.py").write_text(DRIVER)
+
+    def dry_run(echo: dict[str, object]) -> subprocess.CompletedProcess[str]:
+        doc = yaml.safe_load((EXPERIMENTS / "tiny-addition.yaml").read_text())
+        doc["execution"]["echo"] = echo
+        path = tmp_path / "echo.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        argv = ["--snakefile", str(REPO / "Snakefile"), "-n", "--jobs", "2", "--config", f"experiment={path}"]
+        argv += [f"storage_root={tmp_path / 'results'}"]
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}
+        return subprocess.run(
+            [sys.executable, str(tmp_path / "driver.py"), *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+
+    planned = dry_run({"queue": "batch"})
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "  echo           queue batch, 1 node(s) echoed" in planned.stderr
+    assert "  iris           cluster local" in planned.stderr  # the others still plan beside it
+    refused = dry_run({"queue": "full", "queu": "typo"})
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "execution.echo.queu: unknown key; did you mean 'queue'?" in refused.stderr
+    refused = dry_run({"queue": "full"})
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "execution.echo.queue: 'full' takes no jobs; name another queue" in refused.stderr
