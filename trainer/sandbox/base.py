@@ -3,9 +3,9 @@
 provider per backend that names a Harbor environment type); `trainer/sandbox/registry.py` finds one by the recipe's
 `environment.sandbox.backend`.
 
-What an episode asks of a provider, and nothing more: a sandbox started in a folder of the episode's files (a
-reward-free agent environment's, lent through the pool), or Harbor's environment for a task (a Harbor task's
-sandbox, trainer/sandbox/task.py, drives it: commands, the task's verifier, stop), and the event loop that
+What an episode asks of a provider, and nothing more: a sandbox started in a folder of the episode's files (for
+an agent environment that takes one from the player's pool), or Harbor's environment for a task (which a Harbor
+task's sandbox, trainer/sandbox/task.py, drives: commands, the task's verifier, stop) and the event loop that
 environment's calls run on. What a provider needs where the episodes run (credentials, the Harbor type, the
 runtime's extra) is declared once in rlbuild/contracts/recipe.py `SANDBOX_PROVIDERS`, where the plan reads it.
 """
