@@ -6,15 +6,15 @@ metrics, medians over the steps: episodes per second of rollout, the step's seco
 environment side took (`perf/environment_time_s`: sandboxes started and closed, commands run), against the goal of
 at most 20%.
 
-The sandbox (trainer/sandbox/local.py): one bubblewrap shell kept for an episode against a new bubblewrap sandbox
-for every command, and against a kept shell lent by a warm pool (trainer/sandbox/pool.py: acquired with the
+The sandbox (trainer/sandbox/local/bubblewrap.py): one bubblewrap shell kept for an episode against a new bubblewrap
+sandbox for every command, and against a kept shell lent by a warm pool (trainer/sandbox/pool.py: acquired with the
 episode's files, reset when given back), for the same episode of commands (`ls`, `cat k1`, `echo 1` in a folder
 holding k1), with the same limits. Rows, each the median over the episodes: seconds to open the kept shell, per
 command in it, to close it, and an episode's whole sandbox time; per command in a new sandbox, and its episode (the
-folder made and removed as open_sandbox and close do); the pooled shell's acquire, command, give-back and
-episode, its episodes back to back (the pool resets a sandbox in its own threads, so each acquire waits for the
-last reset); the ratios. The kept shell and the new sandbox alternate, an episode of each a round, so a shared
-machine's drift over minutes falls on both. All must give the same outputs before anything is timed.
+folder made and removed as open_sandbox and close do); the pooled shell's acquire, command, give-back and episode,
+its episodes back to back (the pool resets a sandbox in its own threads, so each acquire waits for the last reset);
+the ratios. The kept shell and the new sandbox alternate, an episode of each a round, so a shared machine's drift
+over minutes falls on both. All must give the same outputs before anything is timed.
 
     uv run python benchmarks/agent_rollout.py [--episodes 50] [--steps 4]
 """
@@ -42,9 +42,10 @@ from rlbuild.contracts.recipe import SandboxSection  # noqa: E402
 from rlbuild.contracts.tinymodel import AGENT_VARIANT  # noqa: E402
 from rlbuild.dev.launches import base_model_dir, write_test_launch  # noqa: E402
 from rlbuild.plan.series import deep_merge  # noqa: E402
-from trainer.sandbox import Sandbox, open_sandbox  # noqa: E402
-from trainer.sandbox.local import as_sandbox_user, bwrap_argv  # noqa: E402
+from trainer.sandbox import Sandbox  # noqa: E402
+from trainer.sandbox.local.bubblewrap import as_sandbox_user, bwrap_argv  # noqa: E402
 from trainer.sandbox.pool import SandboxPool  # noqa: E402
+from trainer.sandbox.registry import open_sandbox  # noqa: E402
 
 COMMANDS = ("ls", "cat k1", "echo 1")
 FILES = {"k1": "the first key\n"}

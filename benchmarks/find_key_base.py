@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.contracts.tinymodel import AGENT_VARIANT
 from trainer.agents.find_key import TURN_STOP, FindTheKey
-from trainer.sandbox import open_sandbox
+from trainer.sandbox.registry import open_sandbox
 
 MAX_TURNS = 3
 TOKENS_PER_TURN = 12  # the experiment's max_generate_length (config/experiments/tiny-agent.yaml)

@@ -186,15 +186,22 @@ class GeneratorSection(StrictModel):
 class SandboxProvider:
     """What a sandbox backend needs where the episodes run: the submitter's variables that carry its credentials
     (forwarded to the job by name, values never written anywhere), the Harbor environment type that drives it
-    (None: rlbuild's own), and the pyproject extra the nodes' runtime must hold for it."""
+    (None: rlbuild's own, which builds no image), and the pyproject extra the nodes' runtime must hold for it. The
+    trainer's package for it is found by name in trainer/sandbox/registry.py."""
 
     credentials: tuple[str, ...]
     harbor_type: str | None
     extra: str | None
 
+    @property
+    def builds_images(self) -> bool:
+        """Whether it builds a Harbor task's image (Harbor's environments do; rlbuild's own lays out the files)."""
+        return self.harbor_type is not None
+
 
 HARBOR_EXTRA = "harbor"
-# The one registry of sandbox backends: `environment.sandbox.backend` names one of these.
+# The one registry of sandbox backends, each declared once: `environment.sandbox.backend` names one of these, and
+# every other list of backends below derives from it.
 SANDBOX_PROVIDERS: dict[str, SandboxProvider] = {
     "local": SandboxProvider((), None, None),
     "daytona": SandboxProvider(("DAYTONA_API_KEY",), "daytona", HARBOR_EXTRA),
@@ -202,7 +209,10 @@ SANDBOX_PROVIDERS: dict[str, SandboxProvider] = {
     "e2b": SandboxProvider(("E2B_API_KEY",), "e2b", HARBOR_EXTRA),
     "docker": SandboxProvider((), "docker", HARBOR_EXTRA),
 }
-SandboxBackend = Literal["local", "daytona", "modal", "e2b", "docker"]
+SandboxBackend = Literal[tuple(SANDBOX_PROVIDERS)]  # the registry's names, as the schema checks them
+BUILDING_BACKENDS = tuple(name for name, provider in SANDBOX_PROVIDERS.items() if provider.builds_images)
+# Backends that build no image: they run a Harbor task only if its Dockerfile builds nothing (rows.local_image).
+IMAGELESS_BACKENDS = tuple(name for name in SANDBOX_PROVIDERS if name not in BUILDING_BACKENDS)
 
 
 class SandboxSection(StrictModel):
@@ -211,8 +221,9 @@ class SandboxSection(StrictModel):
 
     backend: SandboxBackend = Field(
         "local",
-        description="local: bubblewrap on this node, one persistent shell per episode (trainer/sandbox/); daytona, "
-        "modal, e2b, docker: Harbor's environment of that type, started from the GPU nodes (the `harbor` extra)",
+        description="local: bubblewrap on this node, one persistent shell per episode (trainer/sandbox/); "
+        f"{', '.join(BUILDING_BACKENDS)}: Harbor's environment of that type, started from the GPU nodes (the "
+        "`harbor` extra)",
     )
     max_concurrent: int | None = Field(
         None,

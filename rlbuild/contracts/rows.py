@@ -13,8 +13,9 @@ or a folder of them.
 Staging reads them without Harbor (tomllib and the files): each row carries the whole task folder, so the trainer
 rebuilds it byte for byte where the episode runs, and Harbor's own task loader and verifier run it there.
 
-The `local` sandbox backend builds no image: it runs a task whose Dockerfile only names a base image and copies
-files from its context (FROM, WORKDIR, COPY, ENV, ARG, LABEL, USER, CMD, ENTRYPOINT), on the node's own programs.
+A sandbox backend that builds no image (recipe.py `IMAGELESS_BACKENDS`) runs a task whose Dockerfile only names a
+base image and copies files from its context (FROM, WORKDIR, COPY, ENV, ARG, LABEL, USER, CMD, ENTRYPOINT), on the
+node's own programs.
 `local_image` says what such a Dockerfile sets up, or why a task needs a real build (a RUN line, a compose file,
 a prebuilt image), for preflight to refuse before a GPU is allocated.
 """
@@ -118,10 +119,8 @@ INSTRUCTION = "instruction.md"
 VERIFIER = "tests/test.sh"
 DOCKERFILE = "environment/Dockerfile"
 COMPOSE_FILES = ("environment/docker-compose.yaml", "environment/docker-compose.yml")
-# Dockerfile instructions the local backend can honour without building: they describe files and settings.
+# Dockerfile instructions a backend can honour without building: they describe files and settings.
 LOCAL_INSTRUCTIONS = frozenset({"FROM", "WORKDIR", "COPY", "ENV", "ARG", "LABEL", "USER", "CMD", "ENTRYPOINT"})
-# The backends that build a task's image (recipe.environment.sandbox.backend).
-BUILDING_BACKENDS = ("daytona", "modal", "e2b", "docker")
 
 
 class HarborTaskError(RowError):
@@ -130,7 +129,7 @@ class HarborTaskError(RowError):
 
 @dataclass
 class LocalImage:
-    """What a Dockerfile the local backend can honour sets up: the working folder, variables, copied files."""
+    """What a Dockerfile honoured without building sets up: the working folder, variables, copied files."""
 
     workdir: str = "/app"
     env: dict[str, str] = field(default_factory=dict)
@@ -170,7 +169,7 @@ def task_row(task: Path) -> dict[str, Any]:
         "harbor_task": {
             "files": {name: _encode(content) for name, content in files.items()},
             "sha256": {name: hashlib.sha256(content).hexdigest() for name, content in files.items()},
-            # A program the image runs keeps its mode, as Docker's COPY keeps it from the build context.
+            # A program the image runs keeps its mode, as an image build's COPY keeps it from the build context.
             "executable": sorted(name for name in files if (task / name).stat().st_mode & 0o111),
         },
     }
@@ -205,7 +204,7 @@ def write_task(row: dict[str, Any], folder: Path) -> Path:
 
 
 def local_image(task: Path) -> LocalImage | str:
-    """What the task's Dockerfile sets up for the local backend, or why the task needs its image built."""
+    """What the task's Dockerfile sets up for a backend that builds no image, or why the task needs it built."""
     compose = [name for name in COMPOSE_FILES if (task / name).is_file()]
     if compose:
         return f"it is a multi-container task ({compose[0]})"

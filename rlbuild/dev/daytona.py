@@ -21,8 +21,8 @@ one user, who runs every command (Harbor's `su` to root or to the task's user ru
 "Building" it honours what rlbuild's local backend honours of a Dockerfile (rlbuild/contracts/rows.py
 `local_image`: WORKDIR, ENV, COPY from the uploaded context) and refuses the rest; the image's own programs are
 not there. Commands run through a `Runner` the caller gives (the tests give one that runs them in rlbuild's
-bubblewrap sandbox, trainer/sandbox/local.py, with those folders bound at their paths), so a model's command never
-runs on the host unconfined.
+bubblewrap sandbox, trainer/sandbox/local/bubblewrap.py, with those folders bound at their paths), so a model's
+command never runs on the host unconfined.
 """
 
 from __future__ import annotations

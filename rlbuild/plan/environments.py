@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points, packages_distributions, version
 from pathlib import Path
 
-from rlbuild.contracts.recipe import HARBOR_EXTRA, SANDBOX_PROVIDERS, Recipe
+from rlbuild.contracts.recipe import BUILDING_BACKENDS, HARBOR_EXTRA, IMAGELESS_BACKENDS, SANDBOX_PROVIDERS, Recipe
 from rlbuild.contracts.rows import (
-    BUILDING_BACKENDS,
     HarborTaskError,
     LocalImage,
     local_image,
@@ -279,8 +278,9 @@ def check_harbor_runtime(experiment: Experiment, recipe: Recipe, nodes: NodeRunt
 
 
 def check_harbor_tasks(experiment: Experiment, recipe: Recipe) -> list[Violation]:
-    """Every task of every `harbor:` source is a task, and one the sandbox backend can run: `local` builds no
-    image, so a task whose Dockerfile needs a build (a RUN line, a compose file, a prebuilt image) is refused."""
+    """Every task of every `harbor:` source is a task, and one the sandbox backend can run: on a backend that
+    builds no image, a task whose Dockerfile needs a build (a RUN line, a compose file, a prebuilt image) is
+    refused."""
     sandbox = recipe.environment.sandbox
     building = ", ".join(BUILDING_BACKENDS)
     out: list[Violation] = []
@@ -301,21 +301,23 @@ def check_harbor_tasks(experiment: Experiment, recipe: Recipe) -> list[Violation
         if sandbox is None:
             message = f"{source}: a Harbor task runs its commands and verifier in a sandbox, and recipe.environment."
             message += "sandbox is null"
-            fix = f"set recipe.environment.sandbox.backend: one of {building} (or local, for tasks that build nothing)"
+            fix = f"set recipe.environment.sandbox.backend: one of {building} (or {', '.join(IMAGELESS_BACKENDS)}, "
+            fix += "for tasks that build nothing)"
             out.append(Violation(field, message, fix))
-        elif sandbox.backend == "local":
-            out += _unbuildable(field, str(source), [(task.name, local_image(task)) for task in tasks])
+        elif not SANDBOX_PROVIDERS[sandbox.backend].builds_images:
+            images = [(task.name, local_image(task)) for task in tasks]
+            out += _unbuildable(field, str(source), sandbox.backend, images)
     return out
 
 
-def _unbuildable(field: str, source: str, images: list[tuple[str, LocalImage | str]]) -> list[Violation]:
+def _unbuildable(field: str, source: str, backend: str, images: list[tuple[str, LocalImage | str]]) -> list[Violation]:
     refused = [(name, reason) for name, reason in images if isinstance(reason, str)]
     fix = f"set recipe.environment.sandbox.backend to one of {', '.join(BUILDING_BACKENDS)} (they build the image)"
     out = [
         Violation(
             field,
-            f"task {name!r} of {source}: {reason}, and sandbox backend 'local' builds no image (it runs a Dockerfile "
-            "of FROM, WORKDIR, COPY, ENV and the like on the node's own programs)",
+            f"task {name!r} of {source}: {reason}, and sandbox backend {backend!r} builds no image (it runs a "
+            "Dockerfile of FROM, WORKDIR, COPY, ENV and the like on the node's own programs)",
             f"{fix}, or take the task out of the set",
         )
         for name, reason in refused[:LISTED_TASKS]

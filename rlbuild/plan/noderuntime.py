@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlbuild.contracts.launch import CPU_VARIANT, PINNED_SIF, apptainer_target
-from rlbuild.contracts.recipe import HARBOR_EXTRA, SANDBOX_PROVIDERS
+from rlbuild.contracts.recipe import HARBOR_EXTRA, SANDBOX_PROVIDERS, SandboxSection
 from rlbuild.contracts.runtime import LOCK_FILE, REPO_ROOT
 from rlbuild.core.errors import Violation
 from rlbuild.core.paths import path_problem
@@ -76,7 +76,8 @@ def harbor_needed(experiment: Experiment) -> bool:
     renders no sandbox key, and a backend that does not parse is validation's to report."""
     environment = experiment.recipe.get("environment")
     sandbox = environment.get("sandbox") if isinstance(environment, dict) else None
-    backend = sandbox.get("backend", "local") if isinstance(sandbox, dict) else None
+    default = SandboxSection.model_fields["backend"].default
+    backend = sandbox.get("backend", default) if isinstance(sandbox, dict) else None
     provider = SANDBOX_PROVIDERS.get(backend) if isinstance(backend, str) else None
     if provider is not None and provider.extra == HARBOR_EXTRA:
         return True

@@ -250,7 +250,9 @@ def check_credentials(recipe: Recipe) -> list[Violation]:
             )
         )
     sandbox = recipe.environment.sandbox
-    backend = sandbox.backend if sandbox is not None else "local"
+    if sandbox is None:
+        return out
+    backend = sandbox.backend
     missing = [name for name in SANDBOX_PROVIDERS[backend].credentials if not os.environ.get(name)]
     if missing:
         names = " and ".join(missing)

@@ -283,7 +283,7 @@ class ExecutionBase(StrictModel):
     )
     sandbox_caps: dict[SandboxBackend, Annotated[int, Field(ge=1, le=100_000)]] = Field(
         default_factory=dict,
-        description="sandboxes a provider lets this experiment run at once (e.g. {daytona: 6}, seed 003); "
+        description="sandboxes a provider lets this experiment run at once ({backend: cap}, seed 003's is 6); "
         "recipe.environment.sandbox.max_concurrent must stay within its backend's cap",
     )
     env: dict[str, str] = Field(

@@ -1,4 +1,4 @@
-"""Harbor task episodes on the `daytona` backend (trainer/sandbox/harbor.py `open_task_sandbox`), against a
+"""Harbor task episodes on the `daytona` backend (trainer/sandbox/task.py `open_task_sandbox`), against a
 recording stand-in of Daytona's API (rlbuild/dev/daytona.py; no Daytona account exists here): Harbor's
 DaytonaEnvironment and the daytona SDK talk real HTTP to it, and the episode's commands run in rlbuild's bubblewrap
 sandbox. The tests read what crossed: the calls in order, where the API key went, and that no AWS_*/R2_* value of
@@ -21,11 +21,11 @@ import pytest
 from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.dev.daytona import Call, DaytonaStandIn, Ran, daytona_stand_in
 from trainer.sandbox import CommandResult
-from trainer.sandbox.local import as_sandbox_user, bwrap_argv, hand_over
+from trainer.sandbox.local.bubblewrap import as_sandbox_user, bwrap_argv, hand_over
 
 pytest.importorskip("harbor", reason="the harbor extra (scripts/setup.sh --extra harbor)")
 
-from trainer.sandbox.harbor import open_task_sandbox
+from trainer.sandbox.task import open_task_sandbox
 
 SPEC = SandboxSection(backend="daytona", command_timeout_s=10.0, memory_mb=1024)
 # Values of the trainer's own credentials, fresh each run, so a match in a request can only be a leak.

@@ -20,7 +20,8 @@ from trainer.agents.episodes import (
     episode_statistics,
     sandbox_statistics,
 )
-from trainer.sandbox import CommandResult, Sandbox, open_sandbox
+from trainer.sandbox import CommandResult, Sandbox
+from trainer.sandbox.registry import open_sandbox
 from trainer.workers.engines import Rollout, SamplingParams
 
 TOKENIZER = tiny.build_tokenizer()

@@ -20,7 +20,8 @@ from tests.conftest import EXPERIMENTS
 from trainer import tiny
 from trainer.agents import find_key, warm_start
 from trainer.agents.find_key import FindTheKey
-from trainer.sandbox import Sandbox, open_sandbox
+from trainer.sandbox import Sandbox
+from trainer.sandbox.registry import open_sandbox
 
 SANDBOX = SandboxSection(command_timeout_s=5, episode_timeout_s=20)
 ROW = {"prompt": find_key.PROMPT, "answer": "927", "files": find_key.make_files("kbj", "dhe", 927, 413)}

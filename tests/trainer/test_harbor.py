@@ -23,7 +23,7 @@ from trainer.commands.evaluate import evaluate
 from trainer.commands.export import export
 from trainer.data import load_rows
 from trainer.sandbox import SandboxError
-from trainer.sandbox.harbor import open_task_sandbox
+from trainer.sandbox.task import open_task_sandbox
 from trainer.workers.engines import Rollout, SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]

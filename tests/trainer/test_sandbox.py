@@ -1,6 +1,7 @@
-"""The local sandbox (trainer/sandbox/local.py) on real bubblewrap: the shell an episode keeps, and one test per
-kind of hostile action, each checking what the observation says, how long the episode took, and that the host is
-as it was; and the pool (trainer/sandbox/pool.py): what a reused sandbox keeps of the episode before it (nothing)."""
+"""The local sandbox (trainer/sandbox/local/bubblewrap.py) on real bubblewrap: the shell an episode keeps, and one
+test per kind of hostile action, each checking what the observation says, how long the episode took, and that the
+host is as it was; and the pool (trainer/sandbox/pool.py): what a reused sandbox keeps of the episode before it
+(nothing)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import psutil
 import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
-from trainer.sandbox import Sandbox, SandboxError, open_sandbox
-from trainer.sandbox.local import LocalSandbox, _children, _Output
+from trainer.sandbox import Sandbox, SandboxError
+from trainer.sandbox.local.bubblewrap import LocalSandbox, _children, _Output
 from trainer.sandbox.pool import SandboxPool, _Lease
+from trainer.sandbox.registry import open_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = SandboxSection(

@@ -1,6 +1,6 @@
 """Harbor tasks as agent episodes (`environment.env_class: harbor`): the row's instruction is the prompt, each
 action is a shell command run in the task's sandbox, and the task's own verifier gives the reward once the episode
-is over (Harbor's, run by trainer/sandbox/harbor.py).
+is over (Harbor's, run by trainer/sandbox/task.py).
 
 Rows come from a `harbor:` data source (rlbuild/contracts/rows.py): each carries its whole task folder, which
 the episode writes out and hands to Harbor. The sandbox is the task's (its environment, in the recipe's
@@ -24,7 +24,7 @@ from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.contracts.rows import write_task
 from rlbuild.core.validation import StrictModel
 from trainer.sandbox import compact_output
-from trainer.sandbox.harbor import HarborSandbox, open_task_sandbox
+from trainer.sandbox.task import HarborSandbox, open_task_sandbox
 from trainer.tasks import TaskError
 
 

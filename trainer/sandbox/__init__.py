@@ -2,25 +2,20 @@
 gets a sandbox of its own, opened with the episode's files and closed (processes and folder gone) at its end, or
 lent by a pool (trainer/sandbox/pool.py) that resets a sandbox between episodes to what a fresh one would be.
 
-Backends live in modules of their own, imported only when a recipe names them (`environment.sandbox.backend`), so
-a run without agent episodes never loads one."""
+Each provider is a package behind one interface (trainer/sandbox/base.py `Provider`), found by the recipe's
+`environment.sandbox.backend` in trainer/sandbox/registry.py (`open_sandbox`), the only place that maps a name to a
+package; a Harbor task's sandbox (trainer/sandbox/task.py) drives any provider's Harbor environment."""
 
 from __future__ import annotations
 
-import importlib
-import shutil
 import string
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Protocol, Self
 
-from rlbuild.contracts.recipe import SandboxSection
 from trainer.errors import TrainerError
-
-BACKENDS: dict[str, str] = {"local": "trainer.sandbox.local"}
 
 
 class SandboxError(TrainerError):
@@ -83,19 +78,6 @@ class Sandbox(Protocol):
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None: ...
-
-
-def open_sandbox(spec: SandboxSection, files: Mapping[str, str | bytes]) -> Sandbox:
-    """A started sandbox whose working folder holds `files` (paths relative to it); the backend owns the folder
-    from then on and removes it on close."""
-    folder = Path(tempfile.mkdtemp(prefix="rlbuild-sandbox-"))
-    try:
-        write_files(folder, files)
-        backend = importlib.import_module(BACKENDS[spec.backend])
-        return backend.start(spec, folder)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
 
 
 def write_files(folder: Path, files: Mapping[str, str | bytes]) -> None:

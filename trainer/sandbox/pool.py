@@ -7,8 +7,8 @@ then, in its own threads (so a finished episode's leftover processes stop at onc
 lent, and the reset overlaps what the caller does next: for a trainer, the policy's update), and keeps it, unless
 the episode ended it (a time limit, the shell's exit) or the reset failed, which closes it for good. `acquire` takes
 an idle sandbox, else waits for a reset under way (sooner than a new sandbox), else starts one. What a reset
-guarantees is the backend's (trainer/sandbox/local.py): every process gone, the writable places empty, a fresh
-shell; a sandbox whose reset did not complete is never lent again.
+guarantees is the provider's (trainer/sandbox/local/bubblewrap.py): every process gone, the writable places empty,
+a fresh shell; a sandbox whose reset did not complete is never lent again.
 
 Sandboxes are started in the threads that call `acquire` and live as long as the thread that started them (bwrap's
 --die-with-parent), so call it from threads that outlive the pool: an episode player's worker threads.
@@ -19,22 +19,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, cast
 
 from rlbuild.contracts.recipe import SandboxSection
-from trainer.sandbox import ClosedOnExit, CommandResult, Sandbox, SandboxError, SandboxTimings, open_sandbox
-
-
-class Reusable(Sandbox, Protocol):
-    """A sandbox the pool can lend again: a backend's sandbox with a reset."""
-
-    @property
-    def ended(self) -> bool: ...
-
-    def reset(self) -> None: ...
-
-    def load(self, files: Mapping[str, str | bytes]) -> None: ...
-
+from trainer.sandbox import ClosedOnExit, CommandResult, Sandbox, SandboxError, SandboxTimings
+from trainer.sandbox.base import Reusable
+from trainer.sandbox.registry import open_sandbox
 
 # Resets at once: each mostly waits on the sandbox's processes (kill, reap, exec), so a few threads overlap them.
 RESETTERS = 4
@@ -67,7 +56,7 @@ class SandboxPool(ClosedOnExit):
                 raise SandboxError("the sandbox pool was closed; acquire sandboxes before closing its player")
             idle = self._idle.pop() if self._idle else None
         if idle is None:
-            sandbox = cast(Reusable, open_sandbox(self.spec, files))  # every backend's sandbox has a reset
+            sandbox = open_sandbox(self.spec, files)
         else:
             try:
                 idle.load(files)

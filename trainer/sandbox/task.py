@@ -1,17 +1,15 @@
-"""A Harbor task's sandbox: Harbor's own task loader, environment and verifier, for any backend the recipe names.
+"""A Harbor task's sandbox: Harbor's own task loader, environment and verifier, on any provider.
 
-`environment.sandbox.backend` picks the environment: `local` is rlbuild's bubblewrap sandbox plugged into Harbor
-as its environment class (trainer/sandbox/harbor_local.py); daytona, modal, e2b and docker are Harbor's
-environments of that type, started from the node the episode runs on with the credentials the job was given
-(rlbuild/core/wire.py forwards the provider's variables by name; AWS_*/R2_* never reach a job). An episode runs
-its commands with `run`, is scored once with `verify` (the task's tests/test.sh writes the reward), and `close`
-stops and deletes the sandbox.
+The recipe's provider (trainer/sandbox/registry.py) makes Harbor's environment for the task: rlbuild's bubblewrap
+sandbox as a Harbor environment class (trainer/sandbox/local/), or Harbor's environment of a provider's type
+(trainer/sandbox/harbor/). An episode runs its commands with `run`, is scored once with `verify` (the task's
+tests/test.sh writes the reward), and `close` stops and deletes the sandbox.
 
 Harbor is asynchronous; each call runs to its end, so the episode player's threads use a sandbox like the local
-one. A local sandbox keeps an event loop of its own (its commands block the loop they run on, and episodes run side
-by side). A provider's sandboxes share one loop, on a thread of its own: Harbor's client for a provider is one per
-process (Daytona's DaytonaClientManager), bound to the loop it was made on, so a second loop could not use it.
-Harbor is imported here only: a run without Harbor tasks never loads it (it is the `harbor` extra).
+one. A sandbox keeps an event loop of its own (a local one's commands block the loop they run on, and episodes
+run side by side) unless its provider runs all its sandboxes on one loop (`Provider.event_loop`). Harbor is
+imported here only when a task's sandbox opens: a run without Harbor tasks never loads it (it is the `harbor`
+extra).
 """
 
 from __future__ import annotations
@@ -19,42 +17,16 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from rlbuild.contracts.recipe import SANDBOX_PROVIDERS, SandboxSection
+from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox import ClosedOnExit, CommandResult, SandboxError, SandboxTimings
-
-_shared_loop: asyncio.AbstractEventLoop | None = None
-_shared_loop_lock = threading.Lock()
-
-
-def _shared_event_loop() -> asyncio.AbstractEventLoop:
-    """The process's loop for providers' sandboxes, started on its own thread at first use."""
-    global _shared_loop
-    with _shared_loop_lock:
-        if _shared_loop is None:
-            _shared_loop = asyncio.new_event_loop()
-            threading.Thread(target=_shared_loop.run_forever, name="harbor-providers", daemon=True).start()
-        return _shared_loop
-
-
-def _harbor() -> Any:
-    try:
-        import harbor.environments.factory as factory
-        import harbor.models.task.task as task
-        import harbor.models.trial.paths as paths
-        import harbor.verifier.verifier as verifier
-    except ImportError as error:
-        raise SandboxError(
-            f"Harbor tasks need the `harbor` extra on the node ({error}); install it with "
-            "`scripts/setup.sh --extra harbor` (rlbuild check says which runtime the nodes use)"
-        ) from None
-    return factory, task, paths, verifier
+from trainer.sandbox.base import harbor_module
+from trainer.sandbox.registry import provider_for
 
 
 class HarborSandbox(ClosedOnExit):
@@ -62,20 +34,22 @@ class HarborSandbox(ClosedOnExit):
 
     def __init__(self, spec: SandboxSection, task_dir: Path) -> None:
         began = time.monotonic()
-        factory, task_module, paths, verifier = _harbor()
+        task_module, paths = harbor_module("harbor.models.task.task"), harbor_module("harbor.models.trial.paths")
         self.spec = spec
         self.timings = SandboxTimings()
         self.ended = False
-        self._verifier_class = verifier.Verifier
-        self._shared = SANDBOX_PROVIDERS[spec.backend].harbor_type is not None
-        self._loop = _shared_event_loop() if self._shared else asyncio.new_event_loop()
+        self._verifier_class = harbor_module("harbor.verifier.verifier").Verifier
+        self._provider = provider_for(spec)
+        shared = self._provider.event_loop()
+        self._shared = shared is not None
+        self._loop = shared or asyncio.new_event_loop()
         self._trial = Path(tempfile.mkdtemp(prefix="rlbuild-harbor-"))
         self._trial.chmod(0o711)  # a root trainer's sandbox runs as another user, who must reach its folders
         try:
             self.task = task_module.Task(task_dir)
             self.trial_paths = paths.TrialPaths(trial_dir=self._trial)
             self.trial_paths.mkdir()
-            self.environment = self._environment(factory)
+            self.environment = self._environment()
             self._call(self.environment.start(force_build=False))
             # Harbor's trials have the environment make its log folders at start (the mounts they pass); a
             # provider's sandbox gets them nowhere else, and the verifier writes its reward in one.
@@ -86,8 +60,8 @@ class HarborSandbox(ClosedOnExit):
             raise
         self.timings.start_s = time.monotonic() - began
 
-    def _environment(self, factory: Any) -> Any:
-        """Harbor's environment of the backend's type, built as Harbor's own trials build one."""
+    def _environment(self) -> Any:
+        """Harbor's environment of the provider, built as Harbor's own trials build one."""
         keywords: dict[str, Any] = {
             "environment_dir": self.task.paths.environment_dir,
             "environment_name": self.task.short_name,
@@ -95,12 +69,7 @@ class HarborSandbox(ClosedOnExit):
             "trial_paths": self.trial_paths,
             "task_env_config": self.task.config.environment,
         }
-        harbor_type = SANDBOX_PROVIDERS[self.spec.backend].harbor_type
-        if harbor_type is None:
-            from trainer.sandbox.harbor_local import BubblewrapEnvironment
-
-            return BubblewrapEnvironment(**keywords, sandbox_spec=self.spec)
-        return factory.EnvironmentFactory.create_environment(factory.EnvironmentType(harbor_type), **keywords)
+        return self._provider.task_environment(self.spec, keywords)
 
     def _call[T](self, work: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         if self._shared:

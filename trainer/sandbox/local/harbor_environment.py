@@ -1,5 +1,5 @@
 """rlbuild's local sandbox as a Harbor environment: Harbor's task loader and verifier run a task on this node, in
-bubblewrap (trainer/sandbox/local.py), without building its image.
+bubblewrap (trainer/sandbox/local/bubblewrap.py), without building its image.
 
 Harbor drives an environment through `start`, `exec`, `upload_*`, `download_*` and `stop` (harbor/environments/
 base.py). This one lays the task's image out from what its Dockerfile says (rlbuild/contracts/rows.py
@@ -23,10 +23,10 @@ from typing import Any
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 
-from rlbuild.contracts.recipe import SandboxSection
-from rlbuild.contracts.rows import BUILDING_BACKENDS, LocalImage, local_image
+from rlbuild.contracts.recipe import BUILDING_BACKENDS, SandboxSection
+from rlbuild.contracts.rows import LocalImage, local_image
 from trainer.sandbox import SandboxError
-from trainer.sandbox.local import LocalSandbox, hand_over
+from trainer.sandbox.local.bubblewrap import LocalSandbox, hand_over
 
 # Harbor's places in a sandbox (harbor/models/trial/paths.py EnvironmentPaths), besides the task's own.
 HARBOR_PLACES = ("/logs", "/tests", "/solution")

@@ -137,10 +137,6 @@ def hand_over(folder: Path) -> None:
             os.chown(path, SANDBOX_UID, SANDBOX_UID, follow_symlinks=False)
 
 
-def start(spec: SandboxSection, folder: Path) -> LocalSandbox:
-    return LocalSandbox(spec, folder)
-
-
 # What a reset's fresh `sh` runs, as the shell's own process (so the old shell's children are its children, reaped
 # by the foreground `true`'s wait, which takes any child). `kill -1` spares only the caller and the namespace's
 # init; /proc lists zombies too, so a listing of those two alone means every other process is gone and reaped.

@@ -1,0 +1,41 @@
+"""Every sandbox provider the trainer knows, by the name a recipe gives it (`environment.sandbox.backend`): the one
+place a backend's name meets its package. Each name is declared once, with what the plan checks of it, in
+rlbuild/contracts/recipe.py `SANDBOX_PROVIDERS`; tests/trainer/test_sandbox_registry.py holds the two to the same
+names."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from rlbuild.contracts.recipe import SandboxSection
+from trainer.sandbox import SandboxError, harbor, local, write_files
+from trainer.sandbox.base import Provider, Reusable
+
+PROVIDERS: dict[str, Provider] = {provider.name: provider for provider in (local.PROVIDER, *harbor.PROVIDERS)}
+
+
+def provider_for(spec: SandboxSection) -> Provider:
+    """The provider of the spec's backend."""
+    found = PROVIDERS.get(spec.backend)
+    if found is None:
+        raise SandboxError(
+            f"environment.sandbox.backend {spec.backend!r} has no provider in this trainer; it knows "
+            f"{', '.join(map(repr, PROVIDERS))}: re-resolve the launch with a backend of this checkout"
+        )
+    return found
+
+
+def open_sandbox(spec: SandboxSection, files: Mapping[str, str | bytes]) -> Reusable:
+    """A started sandbox whose working folder holds `files` (paths relative to it); the provider's sandbox owns the
+    folder from then on and removes it on close."""
+    provider = provider_for(spec)
+    folder = Path(tempfile.mkdtemp(prefix="rlbuild-sandbox-"))
+    try:
+        write_files(folder, files)
+        return provider.start(spec, folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
