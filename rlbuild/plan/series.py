@@ -1,5 +1,6 @@
-"""A series: the arms of one experiment (`arms:` in its file), each a whole experiment built under the version key
-`<version>@<arm>`, the stages they share staged once, a smoke arm that goes first.
+"""An experiment checked once where it is loaded (`check`: the one call of preflight's check function for it and
+for each of its arms), and a series: the arms of one experiment (`arms:` in its file), each a whole experiment
+built under the version key `<version>@<arm>`, the stages they share staged once, a smoke arm that goes first.
 
 An arm is the experiment with its overlay deep-merged in (mappings merge, anything else is replaced), checked as a
 whole experiment (its problems named `arms.<arm>.<field>`). A shared stage (base model, staged model, staged data)

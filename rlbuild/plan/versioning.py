@@ -1,5 +1,6 @@
-"""Every check, in one place: the experiment's (`experiment_problems`) and one version's, resolved and checked
-against what storage already holds for it (`checked_plan`).
+"""Every check, reported in one place: the experiment's, as checked once where it was loaded (series.check), with
+where its jobs run (`experiment_problems`), and one version's, resolved and checked against what storage already
+holds for it (`checked_plan`).
 
 The dry run (`snakemake -n`), every real run and `rlbuild check` all go through these two functions (`check_all`
 runs both, for `rlbuild check`; the Snakefile runs the first while it is parsed and the second in the rules' input
