@@ -78,7 +78,7 @@ def _arms(experiment: Experiment, shares_venv: bool) -> dict[str, Arm]:
     base = _document(experiment)
     arms: dict[str, Arm] = {}
     for name, overlay in experiment.arms.items():
-        smoke = is_smoke(overlay)
+        smoke = _is_smoke(overlay)
         merged = deep_merge(base, {k: v for k, v in overlay.items() if k != "smoke"})
         checked: CheckedExperiment | None = None
         try:
@@ -199,12 +199,12 @@ def alias_of(checked: CheckedExperiment, arm: str) -> str | None:
     return None
 
 
-def is_smoke(overlay: Mapping[str, Any]) -> bool:
+def _is_smoke(overlay: Mapping[str, Any]) -> bool:
     return overlay.get("smoke") is True
 
 
 def smoke_arm(experiment: Experiment) -> str | None:
-    return next((name for name, overlay in experiment.arms.items() if is_smoke(overlay)), None)
+    return next((name for name, overlay in experiment.arms.items() if _is_smoke(overlay)), None)
 
 
 def series_keys(checked: CheckedExperiment, version: str) -> list[str]:
@@ -230,7 +230,7 @@ def base_arm(experiment: Experiment) -> str:
     names = list(experiment.arms)
     if BASE_ARM in names:
         return BASE_ARM
-    return next((a for a in names if not is_smoke(experiment.arms[a])), names[0])
+    return next((a for a in names if not _is_smoke(experiment.arms[a])), names[0])
 
 
 def changes(checked: CheckedExperiment, arm: str) -> dict[str, tuple[Any, Any]]:
