@@ -15,6 +15,7 @@ from pathlib import Path
 from rlbuild.contracts.artifacts import (
     METRICS_NAME,
     artifact,
+    experiment_root,
     read_record,
     record_of,
     sealed,
@@ -33,6 +34,7 @@ from rlbuild.plan.identity import derived_record
 from rlbuild.plan.planview import Cost, format_plan, plan_dict
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan, resolve_file
+from rlbuild.plan.series import CheckedExperiment, check
 from rlbuild.plan.spec import Experiment
 from rlbuild.schedulers.base import CoordinatorRequest, Scheduler
 from rlbuild.schedulers.registry import SCHEDULERS, job_scheduler
@@ -96,15 +98,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     versions = [args.version] if args.version is not None else config.versions
     plans: dict[str, Plan] = {}
     costs: dict[str, Cost] = {}
-    experiment: Experiment | None = None
+    checked: CheckedExperiment | None = None
     executor = "local"  # no plan is printed when the profile is refused
     try:
         path = experiment_file(REPO, args.experiment or config.experiment)
         executor, shares_venv = profile_executor(REPO, args.profile)
-        experiment = load_experiment(path)
-        plans, errors, costs = check_all(
-            experiment, versions, storage_root, str(path), config.node_limits, shares_venv=shares_venv
-        )
+        checked = check(load_experiment(path), shares_venv=shares_venv)
+        plans, errors, costs = check_all(checked, versions, storage_root, str(path), config.node_limits)
     except RlbuildError as exc:
         errors = exc.as_violations()
     if errors and not args.json:
@@ -117,8 +117,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         from rlbuild.plan.series import plan_lines
 
         texts = [format_plan(p, cost=costs.get(v), executor=executor) for v, p in plans.items()]
-        if experiment is not None:  # a series: what each arm changes, which stages it shares
-            texts = ["\n".join([text, *plan_lines(experiment, v)]) for text, v in zip(texts, plans, strict=True)]
+        if checked is not None:  # a series: what each arm changes, which stages it shares
+            texts = ["\n".join([text, *plan_lines(checked, v)]) for text, v in zip(texts, plans, strict=True)]
         print("\n\n".join(texts))
     return EXIT_INVALID if errors else 0
 
@@ -189,7 +189,7 @@ def cmd_lease(args: argparse.Namespace) -> int:
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     storage_root = _storage_root(args.storage_root or str(REPO / config.storage_root))
     experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
-    root = storage.join(unscoped(storage_root, experiment.name), experiment.name)
+    root = experiment_root(unscoped(storage_root, experiment.name), experiment.name)
     broken = break_lease(root, kind, key, force=args.force)
     print(f"rlbuild: {broken}; recorded in {root}/.leases (rlbuild status shows it)")
     return 0
@@ -244,7 +244,7 @@ def _submit_context(args: argparse.Namespace) -> tuple[Scheduler, str, Path, Exp
     config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
     path = experiment_file(REPO, args.experiment or config.experiment)
     experiment = load_experiment(path)
-    root = storage.join(unscoped(str(root), experiment.name), experiment.name)
+    root = experiment_root(unscoped(str(root), experiment.name), experiment.name)
     return cls(address), root, path, experiment
 
 
@@ -457,16 +457,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rlbuild.workflow import experiment_file, workflow_config
 
     if args.launches:
-        experiment = load_experiment(Path(args.experiment))
+        checked = check(load_experiment(Path(args.experiment)))
         pairs = list(zip(args.launches, args.results or [], strict=True))
         out = Path(args.out)
     else:
         config = workflow_config(load_yaml(REPO / "config" / "config.yaml", "config"), "config/config.yaml")
-        experiment = load_experiment(experiment_file(REPO, args.experiment or config.experiment))
-        root = storage.join(_storage_root(args.storage_root or str(REPO / config.storage_root)), experiment.name)
+        checked = check(load_experiment(experiment_file(REPO, args.experiment or config.experiment)))
+        experiment = checked.experiment
+        root = experiment_root(_storage_root(args.storage_root or str(REPO / config.storage_root)), experiment.name)
         version = args.version or config.versions[0]
         _compared_series(experiment, version)
-        keys = series_keys(experiment, version)
+        keys = series_keys(checked, version)
         pairs = [
             (storage.join(root, artifact("launch").path(k)), storage.join(root, artifact("eval").path(k))) for k in keys
         ]
@@ -477,7 +478,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 f"(snakemake --cores 2 --config experiment={args.experiment or config.experiment})"
             )
         out = Path(args.out or f"series-{experiment.name}-v{version}")
-    report = write_report(experiment, [read_arm(*pair) for pair in pairs], out)
+    report = write_report(checked, [read_arm(*pair) for pair in pairs], out)
     for arm, found in report["arms"].items():
         accuracy = found["scores"].get("accuracy")
         shown = "—" if accuracy is None else f"{accuracy:.3f}"

@@ -32,6 +32,7 @@ from rlbuild.contracts.artifacts import (
     arm_key,
     arm_of,
     artifact,
+    experiment_root,
     is_mutable,
     key_of_target,
     kind_of_target,
@@ -43,7 +44,7 @@ from rlbuild.core import storage
 from rlbuild.core.errors import PreflightError, RetrainRefusedError, RlbuildError, Violation
 from rlbuild.core.inventory import Inventory
 from rlbuild.core.redact import redact_text
-from rlbuild.core.storage import LEASE_RUN_ENV, check_lease, join
+from rlbuild.core.storage import LEASE_RUN_ENV, check_lease
 from rlbuild.core.validation import violations
 from rlbuild.core.wire import INTERRUPTED_EXIT_CODE, restrict_to_forwarded
 from rlbuild.core.yamlfile import load_yaml
@@ -54,6 +55,7 @@ from rlbuild.plan.noderuntime import GPU_EXTRA, node_runtime
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.resolve import Plan
+from rlbuild.plan.series import CheckedExperiment
 from rlbuild.plan.spec import Experiment, NodeLimits, check_version, node_size
 from rlbuild.plan.versioning import (
     StoredRecords,
@@ -177,7 +179,7 @@ def scope_storage(workflow: Any, local_root: Path, experiment: str) -> str:
     bound_plugin_requests(workflow.storage_registry.default_storage_provider)
     if prefix.endswith(f"/{experiment}"):
         return prefix[: -len(experiment) - 1]
-    settings.default_storage_prefix = f"{prefix}/{experiment}"
+    settings.default_storage_prefix = experiment_root(prefix, experiment)
     return prefix
 
 
@@ -488,6 +490,7 @@ class Graph:
     storage_root: str = ""
     workflow: Any = None
     experiment: Experiment = field(init=False)
+    checked_experiment: CheckedExperiment = field(init=False)  # checked once, here: every plan is resolved from it
     leases: Leases | None = field(default=None, init=False)
     stopped: interrupts.QuietStoppedJobs | None = field(default=None, init=False)  # jobs an interrupt stopped
     inventory: Inventory = field(init=False)
@@ -496,12 +499,11 @@ class Graph:
 
     def __post_init__(self) -> None:
         self.experiment = load_experiment(self.experiment_file)
+        self.checked_experiment = series.check(self.experiment, shares_venv=self.shares_venv)
         # The partition is asked only by the submitting process under a cluster executor (jobs re-read the
         # Snakefile after the submitter checked everything).
         ask_scheduler = self.announce and self.on_cluster
-        violations = experiment_problems(
-            self.experiment, self.node_limits, ask_scheduler=ask_scheduler, shares_venv=self.shares_venv
-        )
+        violations = experiment_problems(self.checked_experiment, self.node_limits, ask_scheduler=ask_scheduler)
         if violations:
             raise PreflightError(str(self.experiment_file), violations)
 
@@ -521,7 +523,7 @@ class Graph:
 
     @property
     def experiment_root(self) -> str:
-        return join(self.storage_root, self.experiment.name)
+        return experiment_root(self.storage_root, self.experiment.name)
 
     def working_directory(self) -> str:
         """Where Snakemake works on local storage: the experiment root. Snakemake makes it (and `.snakemake/` in
@@ -551,16 +553,15 @@ class Graph:
                 read_ahead(self.inventory, self.keys_asked())
             source = str(self.experiment_file)
             plan = checked_plan(
-                self.experiment,
+                self.checked_experiment,
                 version,
                 self.storage_root,
                 source,
                 measure=self.announce,
-                shares_venv=self.shares_venv,
                 inventory=self.inventory,
             )
             self._plans[version] = plan
-            if self.announce and series.plain_in_series(self.experiment, version, "launch") is not None:
+            if self.announce and series.plain_in_series(self.checked_experiment, version, "launch") is not None:
                 shared = ", ".join(k for k in series.SHARED_STAGES if k in plan.records)
                 print(
                     f"rlbuild plan: {self.experiment.name} @ {version}: the stages its arms share ({shared})",
@@ -572,7 +573,7 @@ class Graph:
                 # A cluster executor's name is not known while the DAG is built (a dry run's is `dryrun`).
                 executor = None if self.on_cluster else "local"
                 print(format_plan(plan, self.terminal_stage(version), step_time, cost, executor), file=sys.stderr)
-                for line in series.plan_lines(self.experiment, version):
+                for line in series.plan_lines(self.checked_experiment, version):
                     print(line, file=sys.stderr)
                 for line in rebuild_reasons(plan, StoredRecords(plan, self.inventory).read):
                     print(line, file=sys.stderr)
@@ -587,7 +588,7 @@ class Graph:
         settings = getattr(self.workflow, "dag_settings", None)
         targets = [str(t) for t in (settings.targets if settings else ())]
         named = self.versions if not targets or "all" in targets else [key_of_target(t) for t in targets]
-        return series.expand(self.experiment, [v for v in dict.fromkeys(named) if v])
+        return series.expand(self.checked_experiment, [v for v in dict.fromkeys(named) if v])
 
     def checked(self, version: str) -> Plan:
         """`plan`, with errors reported for a person and Snakemake stopped (input functions call this)."""
@@ -602,7 +603,7 @@ class Graph:
 
         def inputs(wildcards: Any) -> list[str]:
             plan = self.checked(wildcards.version)
-            if (problem := series.plain_in_series(self.experiment, wildcards.version, kind)) is not None:
+            if (problem := series.plain_in_series(self.checked_experiment, wildcards.version, kind)) is not None:
                 fail(PreflightError(str(self.experiment_file), [problem]))
             if not is_mutable(wildcards.version):
                 return []
@@ -627,7 +628,7 @@ class Graph:
     def targets(self, versions: list[str], pattern: str) -> list[str]:
         """`pattern` (an output with `{version}`) for each version `snakemake` builds with no target: each arm of
         a series (its smoke first; aliases are their arm's build), else the version itself."""
-        keys = [key for version in versions for key in series.series_keys(self.experiment, version)]
+        keys = [key for version in versions for key in series.series_keys(self.checked_experiment, version)]
         return [pattern.format(version=key) for key in keys]
 
     def series_files(self, pattern: str) -> Callable[[Any], list[str]]:

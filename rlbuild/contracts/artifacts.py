@@ -92,6 +92,12 @@ def artifact(kind: str) -> Artifact:
     return BY_KIND[kind]
 
 
+def experiment_root(storage_root: str, experiment: str) -> str:
+    """The experiment root, every path of the table's base: the experiment's name under a storage root (a local
+    path or URI). Every reader and writer of an experiment's artifacts finds them by this one join."""
+    return storage.join(storage_root, experiment)
+
+
 def version_of(key: str) -> str:
     """The version of a version key (`2026.09.21@kl-low` -> `2026.09.21`)."""
     return key.split(ARM_SEPARATOR, 1)[0]

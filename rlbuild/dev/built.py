@@ -15,8 +15,9 @@ from pathlib import Path
 
 from rlbuild.contracts.artifacts import ARTIFACTS, sealed, sha256_bytes
 from rlbuild.core import storage
+from rlbuild.plan import series
 from rlbuild.plan.preflight import load_experiment
-from rlbuild.plan.resolve import resolve
+from rlbuild.plan.resolve import resolve_checked
 
 # Outputs of the rules besides each artifact's own path and record (rules/*.smk).
 EXTRA_OUTPUTS = {"launch": ["plan.txt"], "eval": ["results.html", "curves.png"]}
@@ -24,10 +25,10 @@ EXTRA_OUTPUTS = {"launch": ["plan.txt"], "eval": ["results.html", "curves.png"]}
 
 def write_built(experiment_file: Path, storage_root: str, versions: list[str]) -> None:
     """Leave every version of the experiment built under `storage_root` (local or `s3://`)."""
-    experiment = load_experiment(experiment_file)
+    checked = series.check(load_experiment(experiment_file))
 
     def one(version: str) -> None:
-        plan = resolve(experiment, version, storage_root)
+        plan = resolve_checked(checked, version, storage_root)
         for a in ARTIFACTS:
             if a.kind not in plan.records:
                 continue

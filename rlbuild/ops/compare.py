@@ -30,7 +30,7 @@ from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 from rlbuild.plan import series
 from rlbuild.plan.planview import clock
-from rlbuild.plan.spec import Experiment
+from rlbuild.plan.series import CheckedExperiment
 
 # (metric, panel title): the curves every arm draws on one axis each.
 PANELS = (
@@ -81,8 +81,9 @@ def read_arm(launch_uri: str, results_uri: str) -> ArmRun:
     return ArmRun(arm, launch.run.version, records, results, allocation.num_nodes * allocation.gpus_per_node)
 
 
-def comparison(experiment: Experiment, runs: Sequence[ArmRun]) -> dict[str, Any]:
+def comparison(checked: CheckedExperiment, runs: Sequence[ArmRun]) -> dict[str, Any]:
     """The report's numbers: per arm its scores, deltas against the base arm, changes, wall time and GPU-hours."""
+    experiment = checked.experiment
     base_name = series.base_arm(experiment)
     base = next((r for r in runs if r.arm == base_name), runs[0])
     arms: dict[str, Any] = {}
@@ -97,17 +98,17 @@ def comparison(experiment: Experiment, runs: Sequence[ArmRun]) -> dict[str, Any]
         noise = accuracy_noise(run.results, base.results) if run is not base else {}
         arms[run.arm] = {
             "key": run.key,
-            "smoke": series.arms_of(experiment)[run.arm].smoke,
+            "smoke": checked.arms[run.arm].smoke,
             "scores": scores,
             "delta_vs_base": deltas,
             **noise,
-            "changes": {f: [old, new] for f, (old, new) in series.changes(experiment, run.arm).items()},
+            "changes": {f: [old, new] for f, (old, new) in series.changes(checked, run.arm).items()},
             "steps": max((r["step"] for r in run.metrics), default=0),
             "gpus": run.gpus,
             "wall_s": None if run.wall_s is None else round(run.wall_s, 1),
             "gpu_hours": None if gpu_hours is None else round(gpu_hours, 6),
         }
-    aliases = {a: alias for a in experiment.arms if (alias := series.alias_of(experiment, a)) is not None}
+    aliases = {a: alias for a in experiment.arms if (alias := series.alias_of(checked, a)) is not None}
     return {"experiment": experiment.name, "base": base.arm, "arms": arms, "aliases": aliases}
 
 
@@ -226,12 +227,12 @@ def render_html(report: Mapping[str, Any], curves_png: bytes) -> str:
     )
 
 
-def write_report(experiment: Experiment, runs: Sequence[ArmRun], out: Path) -> dict[str, Any]:
+def write_report(checked: CheckedExperiment, runs: Sequence[ArmRun], out: Path) -> dict[str, Any]:
     """The series report in the folder `out`: its numbers (compare.json), the curves (curves.png) and the page
     (compare.html, last)."""
     if not runs:
-        raise CompareError(f"{experiment.name}: no arm to compare; declare arms: in the experiment file")
-    report = comparison(experiment, runs)
+        raise CompareError(f"{checked.experiment.name}: no arm to compare; declare arms: in the experiment file")
+    report = comparison(checked, runs)
     curves = plot(runs)
     storage.write_text(str(out / NUMBERS), json.dumps(report, indent=2) + "\n")
     storage.write_bytes(str(out / CURVES), curves)

@@ -58,6 +58,7 @@ from rlbuild.contracts.artifacts import (
     KINDS,
     CorruptDocumentError,
     artifact,
+    experiment_root,
     is_mutable,
     key_of_target,
     kind_of_target,
@@ -76,7 +77,7 @@ from rlbuild.job.rendezvous import Rendezvous
 from rlbuild.ops.lease import STALE_S, broken_text, describe, holder_is_gone, leases_and_breaks
 from rlbuild.plan import series
 from rlbuild.plan.identity import record_drift
-from rlbuild.plan.resolve import Plan, resolve
+from rlbuild.plan.resolve import Plan, resolve_checked
 from rlbuild.plan.spec import Execution, Experiment
 from rlbuild.plan.versioning import StoredRecords, read_ahead
 from rlbuild.schedulers.base import Phase, SchedulerUnavailableError
@@ -123,16 +124,17 @@ def gather(
     """The status document: `{"experiment", "storage_root", "versions": {v: {kind: {"state", ...}}}}`."""
     now = time.time()
     storage_root = unscoped(storage_root, experiment.name)
-    root = storage.join(storage_root, experiment.name)
+    root = experiment_root(storage_root, experiment.name)
     inventory = Inventory(root)  # one listing per folder answers every version's records
     inventory.list_ahead()  # while the leases are listed
     leases, breaks = leases_and_breaks(root)
-    keys = series.expand(experiment, versions)  # a series' version: each of its arms
+    checked = series.check(experiment)  # once: every version's plan is of this experiment
+    keys = series.expand(checked, versions)  # a series' version: each of its arms
     read_ahead(inventory, keys)
     found: Entry = {}
     for version in keys:
         try:
-            plan = resolve(experiment, version, storage_root, starts_jobs=False)  # status starts nothing
+            plan = resolve_checked(checked, version, storage_root, starts_jobs=False)  # status starts nothing
         except RlbuildError as error:
             found[version] = {"error": redact_text(str(error))}
             continue

@@ -297,24 +297,10 @@ def check_plain_values(experiment: Experiment) -> list[Violation]:
     return out
 
 
-# check_experiment's answer per experiment object: a dry run of N versions resolves each, and the checks do not
-# depend on the version (identity, not equality: an experiment is parsed once per run, and a changed one is new).
-_CHECKED: dict[tuple[int, bool], tuple[Experiment, Recipe | None, list[Violation]]] = {}
-
-
 def check_experiment(experiment: Experiment, *, shares_venv: bool = True) -> tuple[Recipe | None, list[Violation]]:
-    """All version-independent checks; returns the composed recipe (None if invalid) and every violation.
+    """The one check function: every version-independent check, and the recipe compose_recipe makes (None if
+    invalid). Run once per experiment and arm, where the experiment is loaded (rlbuild/plan/series.py `check`).
     `shares_venv`: the jobs run this checkout's .venv (else what the experiment declares; noderuntime.py)."""
-    key = (id(experiment), shares_venv)
-    known = _CHECKED.get(key)
-    if known is not None and known[0] is experiment:
-        return known[1], list(known[2])
-    recipe, found = _check_experiment(experiment, shares_venv)
-    _CHECKED[key] = (experiment, recipe, found)
-    return recipe, list(found)
-
-
-def _check_experiment(experiment: Experiment, shares_venv: bool) -> tuple[Recipe | None, list[Violation]]:
     violations_found = check_plain_values(experiment)
     violations_found += check_role_plan(experiment.topology, experiment.role_plan, experiment.runtime)
     recipe, recipe_violations = compose_recipe(experiment)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts import runtime
-from rlbuild.contracts.artifacts import METRICS_NAME, TemporaryPaths, artifact
+from rlbuild.contracts.artifacts import METRICS_NAME, TemporaryPaths, artifact, experiment_root
 from rlbuild.contracts.launch import (
     SCHEMA_VERSION,
     Allocation,
@@ -31,7 +31,7 @@ from rlbuild.plan import environments, scheduling, series
 from rlbuild.plan.identity import derived_record, make_record
 from rlbuild.plan.modelcheck import BASE_MODEL_SOURCE, base_model_revision
 from rlbuild.plan.noderuntime import NodeRuntime, node_runtime
-from rlbuild.plan.preflight import check_experiment, load_experiment
+from rlbuild.plan.preflight import load_experiment
 from rlbuild.plan.roleplan import Geometry, geometry
 from rlbuild.plan.spec import Experiment
 from rlbuild.stages.staging import local_content_digest
@@ -246,21 +246,33 @@ def resolve(
     shares_venv: bool = True,
     starts_jobs: bool = True,
 ) -> Plan:
-    """Resolve one version key of an experiment (a version, or `<version>@<arm>` of a series); raise
-    PreflightError with every violation found. `shares_venv`: the jobs run this checkout's .venv
-    (rlbuild/plan/noderuntime.py). `starts_jobs=False` (a reader of storage, such as `rlbuild status`): the
-    credentials only jobs use are not asked for."""
-    series_experiment = experiment
-    experiment = series.experiment_of(series_experiment, version)
-    recipe, violations = check_experiment(experiment, shares_venv=shares_venv)
+    """Check an experiment (series.check) and resolve one version key of it: for a caller that plans one version.
+    One that plans several checks once and resolves each with `resolve_checked`."""
+    checked = series.check(experiment, shares_venv=shares_venv)
+    return resolve_checked(checked, version, storage_root, source, starts_jobs=starts_jobs)
+
+
+def resolve_checked(
+    checked: series.CheckedExperiment,
+    version: str,
+    storage_root: str,
+    source: str = "experiment",
+    *,
+    starts_jobs: bool = True,
+) -> Plan:
+    """Resolve one version key of a checked experiment (a version, or `<version>@<arm>` of a series); raise
+    PreflightError with every violation found. `starts_jobs=False` (a reader of storage, such as `rlbuild
+    status`): the credentials only jobs use are not asked for."""
+    own = series.checked_of(checked, version)
+    experiment, recipe, violations = own.experiment, own.recipe, list(own.violations)
     if not starts_jobs:
         violations = [v for v in violations if not isinstance(v, MissingCredential)]
-    violations = series.key_problems(series_experiment, version) + violations
+    violations = series.key_problems(checked, version) + violations
     if violations or recipe is None:
         raise PreflightError(source, violations)
     digest = runtime.source_digest()
-    root = join(storage_root, experiment.name)
-    stage_keys = series.stage_keys(series_experiment, version)
+    root = experiment_root(storage_root, experiment.name)
+    stage_keys = series.stage_keys(checked, version)
     records = build_records(experiment, version, recipe, digest, stage_keys)
     return Plan(
         experiment=experiment,
@@ -270,7 +282,7 @@ def resolve(
         recipe=recipe,
         records=records,
         launch=build_launch(experiment, version, root, recipe, records, digest),
-        nodes=node_runtime(experiment, shares_venv=shares_venv),
+        nodes=node_runtime(experiment, shares_venv=checked.shares_venv),
         stage_keys=stage_keys,
     )
 

@@ -1,5 +1,6 @@
-"""A series: the arms of one experiment (`arms:` in its file), each a whole experiment built under the version key
-`<version>@<arm>`, the stages they share staged once, a smoke arm that goes first.
+"""An experiment checked once where it is loaded (`check`: the one call of preflight's check function for it and
+for each of its arms), and a series: the arms of one experiment (`arms:` in its file), each a whole experiment
+built under the version key `<version>@<arm>`, the stages they share staged once, a smoke arm that goes first.
 
 An arm is the experiment with its overlay deep-merged in (mappings merge, anything else is replaced), checked as a
 whole experiment (its problems named `arms.<arm>.<field>`). A shared stage (base model, staged model, staged data)
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlbuild.contracts.artifacts import arm_key, arm_of, version_of
+from rlbuild.contracts.recipe import Recipe
 from rlbuild.core.errors import PreflightError, Violation
 from rlbuild.plan.identity import field_diff, recipe_defaults
 from rlbuild.plan.preflight import check_experiment, parse_experiment
@@ -44,39 +46,55 @@ class Arm:
     name: str
     overlay: Mapping[str, Any]
     smoke: bool
-    experiment: Experiment | None  # None: the merged experiment does not validate (its problems say why)
+    checked: CheckedExperiment | None  # None: the merged experiment does not validate (its problems say why)
     problems: tuple[Violation, ...]
 
+    @property
+    def experiment(self) -> Experiment | None:
+        return None if self.checked is None else self.checked.experiment
 
-# Arms per experiment object (parsed once per run; identity, not equality, as preflight's cache).
-_ARMS: dict[int, tuple[Experiment, dict[str, Arm]]] = {}
+
+@dataclass(frozen=True)
+class CheckedExperiment:
+    """An experiment checked once, where it is loaded (`check`): the recipe compose_recipe made (None if invalid),
+    every violation of preflight's one check function, and each arm of a series merged and checked the same way.
+    What plans its versions (resolve, versioning, the Snakefile's graph) is handed this and checks nothing again."""
+
+    experiment: Experiment
+    recipe: Recipe | None
+    violations: tuple[Violation, ...]
+    shares_venv: bool  # the checks judged this checkout's .venv (else the nodes' runtime; noderuntime.py)
+    arms: Mapping[str, Arm]  # in the order the file declares them
 
 
-def arms_of(experiment: Experiment) -> dict[str, Arm]:
-    """The experiment's arms, in the order the file declares them, each merged and validated."""
-    known = _ARMS.get(id(experiment))
-    if known is not None and known[0] is experiment:
-        return known[1]
+def check(experiment: Experiment, *, shares_venv: bool = True) -> CheckedExperiment:
+    """The experiment and every arm of it, each through check_experiment once (an arm judged as its experiment is:
+    same `shares_venv`)."""
+    recipe, found = check_experiment(experiment, shares_venv=shares_venv)
+    return CheckedExperiment(experiment, recipe, tuple(found), shares_venv, _arms(experiment, shares_venv))
+
+
+def _arms(experiment: Experiment, shares_venv: bool) -> dict[str, Arm]:
     base = _document(experiment)
     arms: dict[str, Arm] = {}
     for name, overlay in experiment.arms.items():
-        smoke = overlay.get("smoke") is True
+        smoke = _is_smoke(overlay)
         merged = deep_merge(base, {k: v for k, v in overlay.items() if k != "smoke"})
+        checked: CheckedExperiment | None = None
         try:
-            arm_experiment: Experiment | None = parse_experiment(merged, f"arm {name}")
-            problems = [_named(name, v) for v in check_experiment(arm_experiment)[1]]  # type: ignore[arg-type]
+            checked = check(parse_experiment(merged, f"arm {name}"), shares_venv=shares_venv)
+            problems = [_named(name, v) for v in checked.violations]
         except PreflightError as error:
-            arm_experiment, problems = None, [_named(name, v) for v in error.violations]
+            problems = [_named(name, v) for v in error.violations]
         if smoke:
             problems += _smoke_problems(name, base, merged)
-        arms[name] = Arm(name, overlay, smoke, arm_experiment, tuple(problems))
-    _ARMS[id(experiment)] = (experiment, arms)
+        arms[name] = Arm(name, overlay, smoke, checked, tuple(problems))
     return arms
 
 
-def series_problems(experiment: Experiment) -> list[Violation]:
+def series_problems(checked: CheckedExperiment) -> list[Violation]:
     """Every problem of every arm at once, each named `arms.<arm>.<field>`; more than one smoke is one more."""
-    arms = arms_of(experiment)
+    arms = checked.arms
     found = [problem for arm in arms.values() for problem in arm.problems]
     smokes = [arm.name for arm in arms.values() if arm.smoke]
     if len(smokes) > 1:
@@ -90,29 +108,30 @@ def series_problems(experiment: Experiment) -> list[Violation]:
     return found
 
 
-def experiment_of(experiment: Experiment, key: str) -> Experiment:
-    """The experiment a version key builds: the arm's merged experiment, or the experiment itself."""
+def checked_of(checked: CheckedExperiment, key: str) -> CheckedExperiment:
+    """What a version key builds, as checked: the arm's merged experiment, or the experiment itself."""
     arm = arm_of(key)
     if arm is None:
-        return experiment
-    problems = key_problems(experiment, key)
-    found = arms_of(experiment).get(arm)
-    if found is not None and found.experiment is None:
+        return checked
+    problems = key_problems(checked, key)
+    found = checked.arms.get(arm)
+    if found is not None and found.checked is None:
         problems += list(found.problems)
-    if problems or found is None or found.experiment is None:
+    if problems or found is None or found.checked is None:
         raise PreflightError(f"version key {key}", problems)
-    return found.experiment
+    return found.checked
 
 
-def key_problems(experiment: Experiment, key: str) -> list[Violation]:
+def key_problems(checked: CheckedExperiment, key: str) -> list[Violation]:
     """A version key is a version, and where it names an arm, one the experiment declares that is not another
     arm's build."""
     problems = check_version(version_of(key))
     arm = arm_of(key)
     if arm is None:
         return problems
+    experiment = checked.experiment
     if arm in experiment.arms:
-        alias = alias_of(experiment, arm)
+        alias = alias_of(checked, arm)
         if alias is None:
             return problems
         same = Violation(
@@ -130,11 +149,11 @@ def key_problems(experiment: Experiment, key: str) -> list[Violation]:
     return [*problems, unknown]
 
 
-def stage_keys(experiment: Experiment, key: str) -> dict[str, str]:
+def stage_keys(checked: CheckedExperiment, key: str) -> dict[str, str]:
     """Under which version key each shared stage of `key` is built: the plain version where the stage is the
     experiment's own, else the first arm with the same stage. Empty for a plain version: its stages are its own."""
     arm = arm_of(key)
-    arms = arms_of(experiment)
+    experiment, arms = checked.experiment, checked.arms
     if arm is None or arm not in arms or arms[arm].experiment is None:
         return {}
     own = arms[arm].experiment
@@ -152,12 +171,13 @@ def stage_keys(experiment: Experiment, key: str) -> dict[str, str]:
     return keys
 
 
-def plain_in_series(experiment: Experiment, key: str, kind: str) -> Violation | None:
+def plain_in_series(checked: CheckedExperiment, key: str, kind: str) -> Violation | None:
     """In a series the plain version stages what the arms share; asking it for an arm's kind (launch, train,
     export, eval) names the arms' keys instead."""
+    experiment = checked.experiment
     if not experiment.arms or arm_of(key) is not None or kind in SHARED_STAGES:
         return None
-    keys = ", ".join(series_keys(experiment, key))
+    keys = ", ".join(series_keys(checked, key))
     return Violation(
         "version",
         f"{experiment.name} is a series (arms: in its file): {kind} of {key} belongs to an arm",
@@ -165,9 +185,9 @@ def plain_in_series(experiment: Experiment, key: str, kind: str) -> Violation | 
     )
 
 
-def alias_of(experiment: Experiment, arm: str) -> str | None:
+def alias_of(checked: CheckedExperiment, arm: str) -> str | None:
     """The earlier arm whose whole experiment (smoke included) equals this arm's: its build is this arm's."""
-    arms = arms_of(experiment)
+    arms = checked.arms
     mine = arms[arm]
     if mine.experiment is None:
         return None
@@ -179,25 +199,30 @@ def alias_of(experiment: Experiment, arm: str) -> str | None:
     return None
 
 
+def _is_smoke(overlay: Mapping[str, Any]) -> bool:
+    return overlay.get("smoke") is True
+
+
 def smoke_arm(experiment: Experiment) -> str | None:
-    return next((arm.name for arm in arms_of(experiment).values() if arm.smoke), None)
+    return next((name for name, overlay in experiment.arms.items() if _is_smoke(overlay)), None)
 
 
-def series_keys(experiment: Experiment, version: str) -> list[str]:
+def series_keys(checked: CheckedExperiment, version: str) -> list[str]:
     """The version keys a series builds for `version`: the smoke first, then every other arm that is not an alias,
     in the file's order. An experiment without arms builds the plain version."""
+    experiment = checked.experiment
     if not experiment.arms:
         return [version]
-    names = [a for a in experiment.arms if alias_of(experiment, a) is None]
+    names = [a for a in experiment.arms if alias_of(checked, a) is None]
     smoke = smoke_arm(experiment)
     ordered = ([smoke] if smoke in names else []) + [a for a in names if a != smoke]
     return [arm_key(version, a) for a in ordered]
 
 
-def expand(experiment: Experiment, versions: list[str]) -> list[str]:
+def expand(checked: CheckedExperiment, versions: list[str]) -> list[str]:
     """The version keys that versions a person named stand for: a plain version of a series is each of its arms;
     a version key that names an arm, and any version of an experiment without arms, is itself."""
-    return [key for v in versions for key in (series_keys(experiment, v) if arm_of(v) is None else [v])]
+    return [key for v in versions for key in (series_keys(checked, v) if arm_of(v) is None else [v])]
 
 
 def base_arm(experiment: Experiment) -> str:
@@ -205,28 +230,28 @@ def base_arm(experiment: Experiment) -> str:
     names = list(experiment.arms)
     if BASE_ARM in names:
         return BASE_ARM
-    return next((a for a in names if not arms_of(experiment)[a].smoke), names[0])
+    return next((a for a in names if not _is_smoke(experiment.arms[a])), names[0])
 
 
-def changes(experiment: Experiment, arm: str) -> dict[str, tuple[Any, Any]]:
+def changes(checked: CheckedExperiment, arm: str) -> dict[str, tuple[Any, Any]]:
     """What the arm changes against the experiment itself, by field: (the experiment's value, the arm's). A recipe
     key one side leaves out holds the schema's default (kl_loss_coef 0.04, not None); an arm that writes out the
     default changes nothing."""
-    merged = arms_of(experiment)[arm].experiment
+    merged = checked.arms[arm].experiment
     if merged is None:
         return {}
     defaults = recipe_defaults()
     found: dict[str, tuple[Any, Any]] = {}
-    for name, values in field_diff(_document(experiment), _document(merged)).items():
+    for name, values in field_diff(_document(checked.experiment), _document(merged)).items():
         old, new = (defaults.get(name) if value is None else value for value in values)
         if old != new:
             found[name] = (old, new)
     return found
 
 
-def describe_changes(experiment: Experiment, arm: str) -> str:
+def describe_changes(checked: CheckedExperiment, arm: str) -> str:
     """One line of what an arm changes, for the plan."""
-    found = changes(experiment, arm)
+    found = changes(checked, arm)
     shown = [f"{field} {old!r} -> {new!r}" for field, (old, new) in list(found.items())[:4]]
     more = f"; and {len(found) - 4} more" if len(found) > 4 else ""
     return "; ".join(shown) + more if shown else "nothing (the experiment as written)"
@@ -237,23 +262,23 @@ def report_path(version: str) -> str:
     return f"series/v{version}/compare.html"
 
 
-def plan_lines(experiment: Experiment, key: str) -> list[str]:
+def plan_lines(checked: CheckedExperiment, key: str) -> list[str]:
     """What the plan says of a version key in a series: the series (with the first arm planned), and what this
     arm changes, which stages it shares, and whether it waits for the smoke."""
-    arm = arm_of(key)
+    arm, experiment = arm_of(key), checked.experiment
     if not experiment.arms or arm is None or arm not in experiment.arms:
         return []
     version = version_of(key)
-    keys = series_keys(experiment, version)
+    keys = series_keys(checked, version)
     lines = []
     if keys and key == keys[0]:
-        aliases = [f"{a} = {alias_of(experiment, a)}" for a in experiment.arms if alias_of(experiment, a)]
+        aliases = [f"{a} = {alias}" for a in experiment.arms if (alias := alias_of(checked, a))]
         same = f"; the same build, no job of its own: {', '.join(aliases)}" if aliases else ""
         lines.append(f"  series         {len(keys)} arm(s) of {experiment.name} {version}: {', '.join(keys)}{same}")
-    smoke = arms_of(experiment)[arm].smoke
+    smoke = checked.arms[arm].smoke
     waits = " (trains first; the other arms' trainings wait for it)" if smoke else ""
-    lines.append(f"  {'smoke' if smoke else 'arm':<14} {arm}: changes {describe_changes(experiment, arm)}{waits}")
-    shared = {kind: stage for kind, stage in stage_keys(experiment, key).items() if stage != key}
+    lines.append(f"  {'smoke' if smoke else 'arm':<14} {arm}: changes {describe_changes(checked, arm)}{waits}")
+    shared = {kind: stage for kind, stage in stage_keys(checked, key).items() if stage != key}
     if shared:
         lines.append("  shared stages  " + ", ".join(f"{kind} of v{stage}" for kind, stage in shared.items()))
     return lines

@@ -1,5 +1,6 @@
-"""Every check, in one place: the experiment's (`experiment_problems`) and one version's, resolved and checked
-against what storage already holds for it (`checked_plan`).
+"""Every check, reported in one place: the experiment's, as checked once where it was loaded (series.check), with
+where its jobs run (`experiment_problems`), and one version's, resolved and checked against what storage already
+holds for it (`checked_plan`).
 
 The dry run (`snakemake -n`), every real run and `rlbuild check` all go through these two functions (`check_all`
 runs both, for `rlbuild check`; the Snakefile runs the first while it is parsed and the second in the rules' input
@@ -16,7 +17,6 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from rlbuild.contracts import checkpoints
@@ -27,6 +27,7 @@ from rlbuild.contracts.artifacts import (
     arm_key,
     artifact,
     check_document,
+    experiment_root,
     is_mutable,
     parse_record,
     version_of,
@@ -39,8 +40,8 @@ from rlbuild.plan import scheduling, series
 from rlbuild.plan.identity import DERIVED_KINDS, check_drift, check_training_runtime, record_drift
 from rlbuild.plan.modelcheck import check_model
 from rlbuild.plan.planview import Cost
-from rlbuild.plan.preflight import check_experiment, load_experiment
-from rlbuild.plan.resolve import Plan, resolve
+from rlbuild.plan.resolve import Plan, resolve_checked
+from rlbuild.plan.series import CheckedExperiment
 from rlbuild.plan.spec import Experiment, NodeLimits, check_node_sizes
 
 
@@ -134,13 +135,11 @@ def _value(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def experiment_problems(
-    experiment: Experiment, node_limits: NodeLimits, *, ask_scheduler: bool, shares_venv: bool = True
-) -> list[Violation]:
-    """Every version-independent check; `ask_scheduler`: also what the scheduler itself says (where it answers);
-    `shares_venv`: the jobs run this checkout's .venv (rlbuild/plan/noderuntime.py)."""
-    problems = check_experiment(experiment, shares_venv=shares_venv)[1] + series.series_problems(experiment)
-    return problems + _placement_problems(experiment, node_limits, ask_scheduler=ask_scheduler)
+def experiment_problems(checked: CheckedExperiment, node_limits: NodeLimits, *, ask_scheduler: bool) -> list[Violation]:
+    """Every version-independent check: the experiment's and its arms' (made when it was checked, series.check)
+    and where its jobs run; `ask_scheduler`: also what the scheduler itself says (where it answers)."""
+    problems = list(checked.violations) + series.series_problems(checked)
+    return problems + _placement_problems(checked.experiment, node_limits, ask_scheduler=ask_scheduler)
 
 
 def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_scheduler: bool) -> list[Violation]:
@@ -156,31 +155,24 @@ def _placement_problems(experiment: Experiment, node_limits: NodeLimits, *, ask_
 
 
 def check_all(
-    experiment: Experiment,
-    versions: list[str],
-    storage_root: str,
-    source: str,
-    node_limits: NodeLimits,
-    *,
-    shares_venv: bool = True,
+    checked: CheckedExperiment, versions: list[str], storage_root: str, source: str, node_limits: NodeLimits
 ) -> tuple[dict[str, Plan], list[Violation], dict[str, Cost]]:
     """What `rlbuild check` runs: every check the dry run makes, the partition included; (plans, violations, each
-    plan's training cost). Each version's `checked_plan` makes the experiment's own checks (resolving runs
-    check_experiment); one inventory of the experiment root answers them all. A version of a series is each of
+    plan's training cost). Each version's `checked_plan` reports the experiment's own violations (resolving
+    refuses them); one inventory of the experiment root answers them all. A version of a series is each of
     its arms; a problem of any arm is reported for all arms at once (each named `arms.<arm>.<field>`)."""
-    problems = _placement_problems(experiment, node_limits, ask_scheduler=True) + series.series_problems(experiment)
+    experiment = checked.experiment
+    problems = _placement_problems(experiment, node_limits, ask_scheduler=True) + series.series_problems(checked)
     plans: dict[str, Plan] = {}
     costs: dict[str, Cost] = {}
     if any(p.field.startswith("arms") for p in problems):
         return plans, problems, costs
-    inventory = Inventory(join(storage_root, experiment.name))
-    keys = series.expand(experiment, versions)
+    inventory = Inventory(experiment_root(storage_root, experiment.name))
+    keys = series.expand(checked, versions)
     read_ahead(inventory, keys)
     for key in keys:
         try:
-            plans[key] = checked_plan(
-                experiment, key, storage_root, source, inventory=inventory, shares_venv=shares_venv
-            )
+            plans[key] = checked_plan(checked, key, storage_root, source, inventory=inventory)
             costs[key] = plan_cost(experiment, plans[key], inventory)
         except RlbuildError as exc:
             problems += exc.as_violations()
@@ -197,25 +189,25 @@ def measured_step_time(experiment: Experiment, plan: Plan) -> float | None:
 
 
 def checked_plan(
-    experiment: Experiment,
+    checked: CheckedExperiment,
     version: str,
     storage_root: str,
     source: str,
     *,
     measure: bool = True,
-    shares_venv: bool = True,
     inventory: Inventory | None = None,
 ) -> Plan:
-    """Resolve `version` and check it against storage; raise the first class of problems found (all of them).
+    """Resolve `version` of a checked experiment and check it against storage; raise the first class of problems
+    found (all of them).
 
     `measure`: also check the chain against the step time an earlier run measured (inside a job it is off: a
-    later link reads the earlier links' metrics, and the submitter has checked); `shares_venv`: the jobs run this
-    checkout's .venv (rlbuild/plan/noderuntime.py). `inventory`: what storage holds under the experiment root,
-    shared by the versions of one run (else listed for this version)."""
-    problems = series.key_problems(experiment, version)
+    later link reads the earlier links' metrics, and the submitter has checked). `inventory`: what storage holds
+    under the experiment root, shared by the versions of one run (else listed for this version)."""
+    experiment = checked.experiment
+    problems = series.key_problems(checked, version)
     if problems:
         raise PreflightError(source, problems)
-    plan = resolve(experiment, version, storage_root, source=source, shares_venv=shares_venv)
+    plan = resolve_checked(checked, version, storage_root, source)
     stored = StoredRecords(plan, inventory)
     check_drift(version, plan.records, stored.read)
     if not is_mutable(version):
@@ -273,7 +265,3 @@ def plan_cost(experiment: Experiment, plan: Plan, inventory: Inventory) -> Cost:
     if declared is not None:
         return Cost(gpus, steps, Rate(0.0, declared[0]), f"declared in {declared[1]}, start-up not counted")
     return Cost(gpus, steps, None, "")
-
-
-def check_file(path: Path, version: str, storage_root: str) -> Plan:
-    return checked_plan(load_experiment(path), version, storage_root, str(path))

@@ -29,11 +29,11 @@ from rlbuild.cli import main
 from rlbuild.contracts.launch import apptainer_target
 from rlbuild.core.errors import PreflightError
 from rlbuild.job.image import apptainer_prefix, found_version, matches, provides_mismatches, python_for, torch_version
-from rlbuild.schedulers.slurm import plan as slurm
 from rlbuild.plan.noderuntime import GPU_EXTRA, locked_version, node_markers
 from rlbuild.plan.planview import format_plan
 from rlbuild.plan.preflight import check_experiment, parse_experiment
 from rlbuild.plan.resolve import resolve
+from rlbuild.schedulers.slurm import plan as slurm
 from tests.spine.experiments import experiment
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from rlbuild.core.errors import PreflightError
 from rlbuild.core.inventory import Inventory
 from rlbuild.plan import series
 from rlbuild.plan.preflight import parse_experiment
-from rlbuild.plan.resolve import resolve
-from rlbuild.plan.spec import Experiment, NodeLimits
+from rlbuild.plan.resolve import resolve_checked
+from rlbuild.plan.spec import NodeLimits
 from rlbuild.plan.versioning import check_all, experiment_problems, plan_cost
 from tests.spine.experiments import experiment
 
@@ -23,8 +23,8 @@ VERSION = "2026.09.21"
 KL_LOW = {"recipe": {"trainer": {"algorithm": {"kl_loss_coef": 0.01}}}}
 
 
-def _series(arms: dict[str, Any], **changes: Any) -> Experiment:
-    return parse_experiment(experiment(arms=arms, **changes), "test")
+def _series(arms: dict[str, Any], **changes: Any) -> series.CheckedExperiment:
+    return series.check(parse_experiment(experiment(arms=arms, **changes), "test"))
 
 
 def _fields(problems: list[Any]) -> list[str]:
@@ -49,7 +49,7 @@ def test_arms_are_keyed_smoke_first_and_an_identical_arm_is_its_twin() -> None:
     unknown = series.key_problems(exp, f"{VERSION}@kl-hi")
     assert "does not declare" in unknown[0].message and f"{VERSION}@kl-low" in unknown[0].fix
     # An experiment without arms builds the plain version, as before.
-    assert series.series_keys(parse_experiment(experiment(), "test"), VERSION) == [VERSION]
+    assert series.series_keys(series.check(parse_experiment(experiment(), "test")), VERSION) == [VERSION]
 
 
 def test_every_problem_of_every_arm_is_reported_at_once_naming_its_arm() -> None:
@@ -107,12 +107,12 @@ def test_arm_names_and_overlays_are_checked_at_parse_time() -> None:
 def test_shared_stages_are_staged_once_under_the_plain_version() -> None:
     other_data = {"data": {"train": [{"source": "task:addition/train", "revision": "seed-1"}]}}
     exp = _series({"base": {}, "seed-7": {"seed": 7}, "data-1": other_data, "data-1b": {**other_data, "seed": 3}})
-    keys = {arm: series.stage_keys(exp, f"{VERSION}@{arm}") for arm in exp.arms}
+    keys = {arm: series.stage_keys(exp, f"{VERSION}@{arm}") for arm in exp.experiment.arms}
     assert keys["base"] == keys["seed-7"] == {"base_model": VERSION, "stage_model": VERSION, "stage_data": VERSION}
     # The changed data is staged once, under the first arm that has it; the model is still the shared one.
     assert keys["data-1"]["stage_data"] == keys["data-1b"]["stage_data"] == f"{VERSION}@data-1"
     assert keys["data-1b"]["stage_model"] == VERSION
-    plans = {arm: resolve(exp, f"{VERSION}@{arm}", "s3://b/p") for arm in exp.arms}
+    plans = {arm: resolve_checked(exp, f"{VERSION}@{arm}", "s3://b/p") for arm in exp.experiment.arms}
     assert plans["seed-7"].records["stage_data"] == plans["base"].records["stage_data"]
     assert plans["seed-7"].launch.inputs.model.uri == "s3://b/p/seed-64/stage/model/v2026.09.21"
     # A W&B run per configuration: two arms (and two configurations of one version) never share a run id.
@@ -124,8 +124,8 @@ def test_adding_or_reordering_arms_changes_no_other_arms_identity() -> None:
     after = _series({"seed-7": {"seed": 7}, "kl-low": KL_LOW, "base": {}, "smoke": {"smoke": True}})
     for arm in ("base", "kl-low"):
         key = f"{VERSION}@{arm}"
-        assert _identities(resolve(before, key, "s3://b/p").records) == _identities(
-            resolve(after, key, "s3://b/p").records
+        assert _identities(resolve_checked(before, key, "s3://b/p").records) == _identities(
+            resolve_checked(after, key, "s3://b/p").records
         )
 
 
@@ -168,20 +168,22 @@ def _write_metrics(root: Path, key: str, rows: list[dict[str, Any]]) -> None:
 def test_the_plans_cost_comes_from_the_arms_own_run_else_the_smoke_else_a_declared_step_time(tmp_path: Path) -> None:
     exp = _series({"base": {}, "smoke": {"smoke": True, "recipe": {"trainer": {"max_steps": 2}}}})
     key = f"{VERSION}@base"
-    plan = resolve(exp, key, str(tmp_path))
-    unknown = plan_cost(exp, plan, Inventory(str(tmp_path / "seed-64")))
+    plan = resolve_checked(exp, key, str(tmp_path))
+    unknown = plan_cost(exp.experiment, plan, Inventory(str(tmp_path / "seed-64")))
     assert unknown.gpu_hours is None and "execution.step_time_s" in unknown.line()
     _write_metrics(tmp_path, f"{VERSION}@smoke", _lines((1, 30.0, 5.0), (2, 35.0, 5.0)))
-    from_smoke = plan_cost(exp, plan, Inventory(str(tmp_path / "seed-64")))
+    from_smoke = plan_cost(exp.experiment, plan, Inventory(str(tmp_path / "seed-64")))
     steps = plan.recipe.trainer.max_steps
     assert from_smoke.gpus == 64 and from_smoke.wall_s == pytest.approx(25.0 + steps * 5.0)
     assert from_smoke.gpu_hours == pytest.approx(64 * (25.0 + steps * 5.0) / 3600)
     assert f"train/v{VERSION}@smoke" in from_smoke.source
     _write_metrics(tmp_path, key, _lines((1, 20.0, 4.0), (2, 24.0, 4.0)))
-    own = plan_cost(exp, plan, Inventory(str(tmp_path / "seed-64")))
+    own = plan_cost(exp.experiment, plan, Inventory(str(tmp_path / "seed-64")))
     assert own.wall_s == pytest.approx(16.0 + steps * 4.0) and f"train/v{key}" in own.source
     declared = _series({"base": {}}, execution__step_time_s=3.0)
-    cost = plan_cost(declared, resolve(declared, key, str(tmp_path / "x")), Inventory(str(tmp_path / "x")))
+    cost = plan_cost(
+        declared.experiment, resolve_checked(declared, key, str(tmp_path / "x")), Inventory(str(tmp_path / "x"))
+    )
     assert cost.wall_s == pytest.approx(steps * 3.0) and "execution.step_time_s" in cost.source
 
 

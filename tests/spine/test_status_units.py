@@ -438,6 +438,7 @@ def test_status_verify_reads_the_final_checkpoints_shards_and_names_a_flipped_on
 def test_the_checks_of_a_fixed_version_refuse_every_document_status_names_corrupt_at_once(built: Built) -> None:
     """`rlbuild check` and the dry run (both `checked_plan`) refuse what status shows `corrupt`, by the same
     verification (`StoredRecords.corrupt`): every edited document at once, each naming its file and the fix."""
+    from rlbuild.plan.series import check
     from rlbuild.plan.spec import NodeLimits
     from rlbuild.plan.versioning import check_all
 
@@ -445,7 +446,9 @@ def test_the_checks_of_a_fixed_version_refuse_every_document_status_names_corrup
     for uri in edited:
         storage.write_text(uri, "edited: by hand\n")
     root = built.plan.experiment_root.rsplit("/", 1)[0]
-    _, problems, _ = check_all(load_experiment(EXPERIMENT), [VERSION], root, "x.yaml", NodeLimits(None, None, None))
+    _, problems, _ = check_all(
+        check(load_experiment(EXPERIMENT)), [VERSION], root, "x.yaml", NodeLimits(None, None, None)
+    )
     assert [p.field for p in problems] == ["launch", "eval"], problems
     for uri, problem in zip(edited, problems, strict=True):
         assert problem.message.startswith(f"{uri} is corrupt: its sha256 is"), problem

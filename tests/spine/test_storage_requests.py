@@ -13,6 +13,7 @@ from rlbuild.core.inventory import Inventory
 from rlbuild.dev.built import write_built
 from rlbuild.dev.s3 import S3Server, latency_proxy
 from rlbuild.plan.preflight import load_experiment
+from rlbuild.plan.series import check
 from rlbuild.plan.versioning import checked_plan, plan_cost, read_ahead
 from tests.conftest import EXPERIMENTS, run_snakemake
 
@@ -59,7 +60,8 @@ def test_the_checks_of_built_versions_find_every_record_read_at_once(
     concurrent batch, not version after version: after `read_ahead`, each version's checks and cost ask nothing."""
     monkeypatch.setenv("RLBUILD_CACHE_DIR", str(tmp_path / "cache"))
     file, versions = EXPERIMENTS / "tiny-addition.yaml", VERSIONS[:3]
-    experiment = load_experiment(file)
+    checked = check(load_experiment(file))
+    experiment = checked.experiment
     write_built(file, f"{s3_root}/built", versions)
     with latency_proxy(s3_server.endpoint, 0.0) as proxy:
         monkeypatch.setenv("SNAKEMAKE_STORAGE_S3_ENDPOINT_URL", proxy.endpoint)
@@ -67,7 +69,7 @@ def test_the_checks_of_built_versions_find_every_record_read_at_once(
         read_ahead(inventory, versions)
         assert proxy.reset() >= 7 * len(versions)  # the listings, then every record
         for version in versions:
-            plan = checked_plan(experiment, version, f"{s3_root}/built", str(file), inventory=inventory)
+            plan = checked_plan(checked, version, f"{s3_root}/built", str(file), inventory=inventory)
             assert plan_cost(experiment, plan, inventory).gpus == 1
         assert proxy.reset() == 0
 

@@ -24,6 +24,7 @@ from rlbuild.contracts.recipe import EnvironmentSection, Recipe
 from rlbuild.core.errors import PreflightError
 from rlbuild.dev.launches import base_model_dir, experiment_document, write_test_launch
 from rlbuild.plan.preflight import parse_experiment
+from rlbuild.plan.series import check
 from rlbuild.plan.spec import NodeLimits
 from rlbuild.plan.versioning import experiment_problems
 from rlbuild.stages import publish as stage
@@ -110,14 +111,14 @@ def test_a_configured_publish_stage_needs_a_token_in_the_environment(
 ) -> None:
     experiment = _experiment(tmp_path, {"repo_id": "my-org/tiny-addition"})
     monkeypatch.delenv(stage.TOKEN_ENV, raising=False)
-    problems = experiment_problems(experiment, NodeLimits(None, None, None), ask_scheduler=False)
+    problems = experiment_problems(check(experiment), NodeLimits(None, None, None), ask_scheduler=False)
     assert [p.field for p in problems] == ["execution.publish"] and "HF_TOKEN" in problems[0].message
     monkeypatch.setenv(stage.TOKEN_ENV, "hf_test")
-    assert experiment_problems(experiment, NodeLimits(None, None, None), ask_scheduler=False) == []
+    assert experiment_problems(check(experiment), NodeLimits(None, None, None), ask_scheduler=False) == []
     unset = parse_experiment(experiment_document(tmp_path), "test experiment")
     monkeypatch.delenv(stage.TOKEN_ENV)
     # Off by default: no token needed.
-    assert experiment_problems(unset, NodeLimits(None, None, None), ask_scheduler=False) == []
+    assert experiment_problems(check(unset), NodeLimits(None, None, None), ask_scheduler=False) == []
 
 
 def _export(tmp_path: Path, launch: LaunchDocument) -> Path:
