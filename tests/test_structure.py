@@ -215,3 +215,29 @@ def test_nothing_outside_the_schedulers_packages_names_a_scheduler() -> None:
     ]
     assert found == []
     assert word.search("SLURM_JOB_ID") and word.search("execution.iris") and not word.search("irises")
+
+
+def _design_import_table() -> dict[str, set[str]]:
+    """docs/design.md's table of folders and what each may import, as LAYERS spells it."""
+    design = (REPO / "docs" / "design.md").read_text()
+    table = design.split("| folder | may import |", 1)[1].split("\n\n", 1)[0]
+    layers: dict[str, set[str]] = {}
+    for row in table.strip().splitlines()[1:]:
+        folder, imports = (cell.strip() for cell in row.strip("|").split("|"))
+        if folder.startswith("`rlbuild/cli.py`"):
+            key = "rlbuild"
+        elif folder == "the Iris executor plugin":
+            key = PLUGIN
+        else:
+            key = folder.strip("`/").replace("/", ".")
+        if imports == "nothing of rlbuild":
+            layers[key] = set()
+        elif imports == "every folder of rlbuild":
+            layers[key] = {"rlbuild.*"}
+        else:
+            layers[key] = {f"rlbuild.{name.strip()}" for name in imports.split(",")}
+    return layers
+
+
+def test_the_design_pages_import_table_is_the_one_the_code_is_held_to() -> None:
+    assert _design_import_table() == LAYERS
