@@ -84,7 +84,7 @@ def test_a_detached_run_from_a_deleted_clone_completes_and_status_follows_it(
     assert verb == "submitted as"
     assert submit(experiment, env, checkout=clone) == ("is already running as", job)  # found, not started again
     shutil.rmtree(clone)  # the laptop's checkout is gone: the coordinator and its jobs run from their bundles
-    spec, options = load_experiment(kept), Options(iris_url=iris.url)
+    spec, options = load_experiment(kept), Options(addresses={"iris": iris.url})
 
     def status() -> dict[str, Any]:
         return gather(spec, [VERSION], f"s3://{s3.bucket}/p", None, options)
@@ -131,7 +131,7 @@ def test_cancel_stops_the_coordinator_and_its_jobs(
             monkeypatch.setenv(name, value)
     target = f"train/v{VERSION}/terminal.json"
     _, coordinator = submit(experiment, env, target, checkout=experiment.parents[2])
-    spec, options = load_experiment(experiment), Options(iris_url=iris.url)
+    spec, options = load_experiment(experiment), Options(addresses={"iris": iris.url})
 
     def training_gang() -> str | None:
         train = gather(spec, [VERSION], f"s3://{s3.bucket}/p", None, options)["versions"][VERSION]["train"]
