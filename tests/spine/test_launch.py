@@ -88,6 +88,25 @@ def test_placement_does_not_change_identity() -> None:
     assert base.records["launch"]["fingerprint"] == other.records["launch"]["fingerprint"]
     changed = resolve(parse_experiment(experiment(seed=7), "t"), "2026.09.21", "s3://b/p")
     assert changed.records["launch"]["fingerprint"] != base.records["launch"]["fingerprint"]
+    # The allocation is the gang's nodes under every scheduler; each scheduler's settings sit beside it.
+    assert base.launch.allocation.model_dump() == {"num_nodes": 8, "gpus_per_node": 8, "gpu_variant": "H100"}
+    assert other.launch.schedulers["iris"]["cluster"] == "elsewhere" and set(other.launch.schedulers) == {"iris"}
+
+
+def test_a_launch_document_of_the_earlier_schema_is_refused_with_the_fix(tmp_path: Path) -> None:
+    from rlbuild.contracts.launch import LaunchDocumentError, dump_launch, load_launch
+
+    plan = resolve(parse_experiment(experiment(), "t"), "2026.09.21", "s3://b/p")
+    old = yaml.safe_load(dump_launch(plan.launch))
+    old["schema_version"] = 2  # its allocation sat inside `iris:`
+    old["iris"] = {"cluster": "c", "allocation": old.pop("allocation"), "priority": None, "max_retries": None}
+    del old["schedulers"]
+    path = tmp_path / "launch.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(LaunchDocumentError) as refused:
+        load_launch(str(path))
+    assert "is a launch document of schema 2" in str(refused.value)
+    assert "snakemake --forcerun resolve_launch" in str(refused.value)
 
 
 def test_secret_values_never_reach_the_document(
