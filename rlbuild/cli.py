@@ -208,7 +208,7 @@ def add_address_options(parser: argparse.ArgumentParser, schedulers: list[type[S
                 option.flag,
                 dest=f"address_{cls.name}",
                 metavar="ADDRESS",
-                help=f"{verb} {option.what} (default: {option.variable})",
+                help=f"{verb} this {option.what} (default: {option.variable})",
             )
 
 
@@ -230,7 +230,7 @@ def _submit_context(args: argparse.Namespace) -> tuple[Scheduler, str, Path, Exp
     root = args.storage_root or (f"s3://{bucket}/{prefix}".rstrip("/") if bucket else None)
     problems = []
     if option is not None and not address:
-        problems.append(Violation(option.flag, f"no address of {option.what}", f"pass it, or set {option.variable}"))
+        problems.append(Violation(option.flag, f"no {option.what}", f"pass it, or set {option.variable}"))
     if not root:
         problems.append(
             Violation(

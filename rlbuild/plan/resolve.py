@@ -197,11 +197,7 @@ def build_launch(
             image=experiment.runtime.image,
             image_provides=experiment.runtime.image_provides,
         ),
-        allocation=Allocation(
-            num_nodes=experiment.topology.num_nodes,
-            gpus_per_node=experiment.topology.gpus_per_node,
-            gpu_variant=experiment.topology.gpu_variant,
-        ),
+        allocation=Allocation(**experiment.topology.model_dump(include=set(Allocation.model_fields))),
         schedulers=scheduling.launch_settings(experiment),
         ingress=Ingress(mode="ray_actors"),
         ray=Ray(address=None, rendezvous_dir=join(root, temporary.attempts, "rendezvous")),

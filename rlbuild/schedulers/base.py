@@ -116,7 +116,7 @@ class AddressOption:
 
     flag: str
     variable: str
-    what: str  # as a sentence names it: "the Iris controller"
+    what: str  # what answers there, as a sentence names it: "Iris controller"
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,9 @@ def resumed_in_status(experiment: Path, s3: S3, iris: LocalIris, monkeypatch: py
     for name, value in s3.env.items():
         if name.startswith("SNAKEMAKE_STORAGE_S3_"):
             monkeypatch.setenv(name, value)
-    document = gather(load_experiment(experiment), [VERSION], f"s3://{s3.bucket}/p", None, Options(addresses={"iris": iris.url}))
+    document = gather(
+        load_experiment(experiment), [VERSION], f"s3://{s3.bucket}/p", None, Options(addresses={"iris": iris.url})
+    )
     train = document["versions"][VERSION]["train"]
     ladder = train.get("ladder") or {}
     if train["state"] == "done":

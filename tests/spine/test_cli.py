@@ -195,11 +195,14 @@ def test_a_local_plan_prints_only_what_is_true_of_a_local_run(capsys: pytest.Cap
         assert main(["check", *profile]) == 0
         plans[" ".join(profile)] = capsys.readouterr().out
     local = plans[""]
-    assert "  allocation     1 node x 1 CPU rank; per node cpu" in local  # gpu_variant: cpu holds no GPUs
-    for foreign in ("  slurm ", "  chain ", "  shared disk ", "  placement "):
+    assert "  allocation     1 node x 1 CPU rank\n" in local  # gpu_variant: cpu holds no GPUs; no node sizes asked
+    for foreign in ("  slurm ", "  chain ", "  shared disk ", "  iris "):
         assert foreign not in local
     assert "  slurm " in plans["--profile slurm"] and "  chain " in plans["--profile slurm"]
-    assert "  placement " in plans["--profile iris"] and "  slurm " not in plans["--profile iris"]
+    assert "  iris " not in plans["--profile slurm"]
+    iris = plans["--profile iris"]
+    assert "  iris           cluster local, priority interactive, retries 1; per node cpu 4.0, memory 8GB" in iris
+    assert "  slurm " not in iris
     # The dry run (tests/test_readme.py: `snakemake -n`) names the same terminal stage: one function decides it.
     assert all(text.rstrip().endswith("  terminal stage eval") for text in plans.values())
 

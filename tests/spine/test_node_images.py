@@ -204,7 +204,10 @@ def test_seed_004s_30b_arm_checks_under_slurm_with_its_sif_declared_and_not_with
     assert code == 2 and f"runtime.image: {sif} does not exist on this host" in err, err
 
     code, _, err = _check(_seed_004(tmp_path, f"docker://ghcr.io/acme/skyrl@sha256:{DIGEST}"), "iris", tmp_path, capsys)
-    assert code == 2 and "Apptainer images (a SIF file, a docker:// reference) run on Slurm" in err
+    assert (
+        code == 2
+        and "Apptainer images (a SIF file, a docker:// reference) run where the jobs share this checkout" in err
+    )
 
 
 def test_an_image_declared_without_vllm_is_refused_where_the_plan_needs_vllm() -> None:

@@ -29,7 +29,7 @@ class IrisScheduler(Scheduler):
     title = "Iris"
     settings_model = plan.IrisSettings
     variable_prefixes = ("IRIS_",)
-    address_option = AddressOption("--iris-controller-url", "SNAKEMAKE_IRIS_CONTROLLER_URL", "the Iris controller")
+    address_option = AddressOption("--iris-controller-url", "SNAKEMAKE_IRIS_CONTROLLER_URL", "Iris controller")
     runs_coordinators = True
     bundle_table = ("tool", "iris", "bundle")  # what the Iris client leaves out of a job's workspace bundle
 
