@@ -54,8 +54,8 @@ class Phase(Enum):
 
 @dataclass(frozen=True)
 class JobState:
-    """One job as its scheduler reports it: the scheduler's own word (lower-case: Iris's `killed`, Slurm's
-    `timeout`), what it means, and, where there is no word, why."""
+    """One job as its scheduler reports it: the scheduler's own word (lower-case: `killed`, `timeout`), what it
+    means, and, where there is no word, why."""
 
     phase: Phase
     word: str | None = None
@@ -116,7 +116,7 @@ class AddressOption:
 
     flag: str
     variable: str
-    what: str  # what answers there, as a sentence names it: "Iris controller"
+    what: str  # what answers there, as a sentence names it: "<name> controller"
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ class Scheduler(ABC):
 
     @abstractmethod
     def cancel(self, job: str) -> None:
-        """Cancel a job (on Iris also the jobs it submitted)."""
+        """Cancel a job (and, where the scheduler nests jobs, the jobs it submitted)."""
 
     @abstractmethod
     def task(self, environ: Mapping[str, str]) -> TaskIdentity:
@@ -287,4 +287,4 @@ class Scheduler(ABC):
     def refuse_retry(self, environ: Mapping[str, str], log: Callable[[str], None]) -> None:
         """A failure a retry would meet again: stop the scheduler from restarting this task's job, logging what is
         done *before* doing it (stopping the job may kill this task). Nothing where it would not restart it anyway."""
-        return  # neither a local task nor a Slurm step is restarted on its own
+        return  # a scheduler that does not restart a failed task on its own has nothing to stop

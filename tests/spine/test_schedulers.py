@@ -51,7 +51,7 @@ def test_the_task_environment_says_which_scheduler_runs_this_process() -> None:
     assert job_scheduler({}).name == "local"
     alone = task_scheduler({})
     assert alone.name == "local"
-    with pytest.raises(GangTaskError, match="run the bootstrap as an Iris task or a Slurm task"):
+    with pytest.raises(GangTaskError, match="run the bootstrap as a task of a cluster scheduler"):
         alone.task({})
     assert alone.job_states(["x"]) == {"x": JobState(Phase.UNKNOWN, note=local.NO_JOB)}
     said: list[str] = []

@@ -86,7 +86,7 @@ class IrisScheduler(Scheduler):
         if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
             raise GangTaskError(
                 f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
-                "run the bootstrap as an Iris task or a Slurm task (srun)"
+                "run the bootstrap as an Iris task"
             )
         return TaskIdentity(job=job, rank=int(index), attempt=int(attempt or 0), scheduler=self.name)
 

@@ -11,8 +11,8 @@ from rlbuild.schedulers.base import JobState, Phase, Scheduler, SchedulerUnavail
 
 NO_JOB = "no scheduler job (a local run)"
 NOT_A_TASK = (
-    "this process is no scheduler's task (neither IRIS_TASK_ID nor SLURM_PROCID is set); "
-    "run the bootstrap as an Iris task or a Slurm task (srun)"
+    "this process is no scheduler's task (its environment names no task of a scheduler rlbuild knows); "
+    "run the bootstrap as a task of a cluster scheduler's job"
 )
 
 
