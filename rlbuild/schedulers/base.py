@@ -20,14 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlbuild.core.errors import RlbuildError, Violation
-from rlbuild.job import interrupts
-from rlbuild.job.attempt import run_logged
 from rlbuild.job.rendezvous import TaskIdentity
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 class SchedulerUnavailableError(RlbuildError):
@@ -255,6 +254,9 @@ class Scheduler(ABC):
     def run_training(self, trainer_argv: Sequence[str], launch: str, attempts: str, limits: TrainLimits) -> int:
         """Run the trainer for the train job of this process: in its own supervised session here (its Ray ends
         with it); a scheduler whose job must cross a wall-clock limit does more."""
+        from rlbuild.job import interrupts  # the process supervision only the train job needs
+        from rlbuild.job.attempt import run_logged
+
         with interrupts.supervised() as env:
             return run_logged([sys.executable, "-m", "trainer", *trainer_argv], attempts, env)
 
