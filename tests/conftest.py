@@ -103,9 +103,12 @@ def run_snakemake(
     env: dict[str, str] | None = None,
     timeout: float = 600,
     snakefile: Path | None = None,
+    launcher: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real `snakemake` CLI of this venv against the repository's Snakefile (or another copy's)."""
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile or REPO / "Snakefile"), *args]
+    """Run the real `snakemake` CLI of this venv against the repository's Snakefile (or another copy's);
+    `launcher`: a script that prepares the process and then runs Snakemake's CLI with the arguments."""
+    snakemake = launcher or [sys.executable, "-m", "snakemake"]
+    command = [*snakemake, "--snakefile", str(snakefile or REPO / "Snakefile"), *args]
     return subprocess.run(
         command,
         cwd=cwd,

@@ -3,7 +3,6 @@ scheduler's words for a job's state mean (squeue/sacct output, Iris's GetJobStat
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from rlbuild.schedulers.registry import (
     task_scheduler,
 )
 from rlbuild.schedulers.slurm import scheduler as slurm
-from tests.conftest import EXPERIMENTS, REPO
+from tests.conftest import EXPERIMENTS, REPO, run_snakemake
 
 
 def test_every_scheduler_is_found_by_its_name_and_a_wrong_name_is_named_with_the_choices() -> None:
@@ -210,18 +209,9 @@ def test_a_scheduler_registered_from_outside_rlbuild_is_checked_and_planned_by_t
         doc["execution"]["echo"] = echo
         path = tmp_path / "echo.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        argv = ["--snakefile", str(REPO / "Snakefile"), "-n", "--jobs", "2", "--config", f"experiment={path}"]
-        argv += [f"storage_root={tmp_path / 'results'}"]
-        env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}
-        return subprocess.run(
-            [sys.executable, str(tmp_path / "driver.py"), *argv],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        argv = ["-n", "--jobs", "2", "--config", f"experiment={path}", f"storage_root={tmp_path / 'results'}"]
+        env = {"PYTHONPATH": f"{tmp_path}:{REPO}"}
+        return run_snakemake(argv, cwd=tmp_path, env=env, launcher=[sys.executable, str(tmp_path / "driver.py")])
 
     planned = dry_run({"queue": "batch"})
     assert planned.returncode == 0, planned.stderr[-3000:]
