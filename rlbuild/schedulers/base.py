@@ -17,7 +17,7 @@ import socket
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -105,7 +105,6 @@ class PlanFacts:
     max_steps: int
     ckpt_interval: int
     step_time_s: float | None = None  # measured by an earlier run of this geometry, where one did
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
