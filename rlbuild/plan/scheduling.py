@@ -12,8 +12,6 @@ from rlbuild.plan.spec import Experiment, scheduler_settings
 from rlbuild.schedulers.base import Gang, JobRequest, PlanFacts, Scheduler
 from rlbuild.schedulers.registry import SCHEDULERS
 
-LOCAL = "local"  # the scheduler of an experiment that sets no scheduler's section
-
 
 def gang_of(experiment: Experiment) -> Gang:
     t = experiment.topology
@@ -72,10 +70,10 @@ def rule_resources(experiment: Experiment, request: JobRequest) -> dict[str, int
 
 def plan_sections(experiment: Experiment, facts: PlanFacts, executor: str | None) -> dict[str, dict[str, Any]]:
     """Each scheduler's part of the plan, for the executor that runs the jobs (None: a cluster executor not known
-    yet, as in a cluster dry run or the plan file a rule writes: every scheduler's part; `local`: none)."""
+    yet, as in a cluster dry run or the plan file a rule writes: every scheduler's part)."""
     sections = {}
     for cls, settings in _each(experiment):
-        if cls.name == LOCAL or (executor is not None and not cls.runs_under(executor)):
+        if executor is not None and not cls.runs_under(executor):
             continue
         section = cls.plan_section(settings, facts)
         if section is not None:

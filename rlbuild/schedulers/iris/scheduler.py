@@ -85,8 +85,7 @@ class IrisScheduler(Scheduler):
         index, colon, attempt = tail.partition(":")
         if not sep or not job or not index.isdigit() or (colon and not attempt.isdigit()):
             raise GangTaskError(
-                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; "
-                "run the bootstrap as an Iris task"
+                f"IRIS_TASK_ID={task_id!r} is not '/<user>/<job>/<index>:<attempt>'; run the bootstrap as an Iris task"
             )
         return TaskIdentity(job=job, rank=int(index), attempt=int(attempt or 0), scheduler=self.name)
 
