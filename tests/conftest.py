@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,3 +213,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for folder, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:9.1f} s  {counts.get(folder, 0):4d} tests  {folder}")
     terminalreporter.write_line(f"{sum(totals.values()):9.1f} s  {sum(counts.values()):4d} tests  (all)")
+    terminalreporter.write_line(suite_time(time.time(), os.environ.get(CI_STARTED_ENV), _SESSION_STARTED))
+
+
+CI_STARTED_ENV = "RLBUILD_CI_STARTED"  # .ci/run's start (epoch seconds): CI's budget counts its set-up too
+CI_BUDGET_S = 35 * 60
+_SESSION_STARTED = time.time()
+
+
+def suite_time(now: float, ci_started: str | None, session_started: float) -> str:
+    """`suite 31:40 of 35:00`: the wall time against CI's budget, from .ci/run's start where it says (set-up
+    included), else from this session's start (set-up not included, so the margin is smaller than it reads)."""
+    started, since = (float(ci_started), "since .ci/run started") if ci_started else (session_started, "pytest only")
+    used = int(now - started)
+    margin = CI_BUDGET_S - used
+    left = f"{abs(margin) // 60}:{abs(margin) % 60:02d} {'left' if margin >= 0 else 'OVER'}"
+    return f"suite {used // 60}:{used % 60:02d} of {CI_BUDGET_S // 60}:00 ({since}; {left})"

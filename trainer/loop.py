@@ -15,7 +15,6 @@ sample them depends on timing).
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from functools import partial
@@ -38,7 +37,7 @@ from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
 from trainer.terminal import write_terminal
-from trainer.workers import grpo
+from trainer.workers import grpo, startup
 from trainer.workers.batch import update_batch
 from trainer.workers.engines import resolve_backend
 from trainer.workers.placement import start_roles
@@ -76,9 +75,9 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
     # A fresh verified copy per run: a dev version re-staged at the same URI must never meet a stale cache.
     with tempfile.TemporaryDirectory(prefix="rlbuild-inputs-") as cache:
         inputs = load_inputs(launch, Path(cache))
-        address = launch.ray.address or os.environ.get("RAY_ADDRESS")
         backend = resolve_backend(launch.recipe.generator.backend)
-        roles = start_roles(launch, address, cache, backend)
+        roles = start_roles(launch, cache, backend)
+        startup.reached("actors")
         continuation.listen()  # again: ray.init replaces the SIGTERM handler with its own
         try:
             records = train(launch, roles, inputs, checkpoints, resume)
@@ -134,6 +133,7 @@ def _steps(
         sampled, cursor = taken.step, taken.step.cursor
         write_trajectories(launch, step, sampled.drawn)
         clock.lap("rollout", taken.generate_s)
+        startup.reached("rollout")
         update = sampled.update
         advantages = grpo.group_advantages(
             update.rewards, g.n_samples_per_prompt, t.algorithm.grpo_norm_by_std, t.algorithm.advantage_eps
@@ -141,6 +141,7 @@ def _steps(
         batch = update_batch(update.prompts, update.rollouts, update.rewards, advantages, launch.recipe, pad_id)
         stats = roles.update(batch, minis, t.micro_train_batch_size_per_gpu)
         clock.lap("train")
+        startup.reached("step")
         sync_error = roles.sync_weights(*inputs.probe, g.weight_sync_check_tolerance)
         source.synced(step)
         clock.lap("sync")
@@ -160,6 +161,8 @@ def _steps(
         values["perf/step_time_s"] = clock.total()
         # Lines up to a checkpoint must survive a kill: a resume from it keeps them (and drops the later ones).
         metrics.log(step, values, flush=checkpointed)
+        if said := startup.summary():
+            print(f"[trainer] {said}", flush=True)
         if stop:
             metrics.close(None)  # the run goes on in the next link: no metrics.jsonl yet
             raise continuation.ToBeContinued(step, checkpoints.step_uri(step), *stop)

@@ -1,0 +1,38 @@
+"""The trainer's start-up, in seconds since its process started: the milestones a user waits through before the
+first step (its line in the log) and that `benchmarks/startup.py` measures. Light: imported before torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+MILESTONES = {"ray": "Ray up", "actors": "actors alive", "rollout": "first rollout", "step": "first step"}
+_reached: dict[str, float] = {}
+
+
+def since_start() -> float:
+    """Seconds since this process started: its start tick against the uptime, both on the kernel's clock (10 ms),
+    so the interpreter's own start and imports count."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+        return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except OSError:  # no /proc (macOS): the wall clock against psutil's start time
+        return time.time() - psutil.Process().create_time()
+
+
+def reached(milestone: str) -> None:
+    """The first time `milestone` (a key of MILESTONES) is reached; later calls keep the first."""
+    _reached.setdefault(milestone, round(since_start(), 2))
+
+
+def summary() -> str | None:
+    """`start-up: Ray up 3.1 s, actors alive 7.9 s, ...` once the first step is done (once per process), else None."""
+    if "step" not in _reached or "said" in _reached:
+        return None
+    _reached["said"] = 0.0
+    parts = [f"{label} {_reached[key]:.1f} s" for key, label in MILESTONES.items() if key in _reached]
+    return f"start-up: {', '.join(parts)} after the process started"
