@@ -44,6 +44,7 @@ bench: setup
 	python benchmarks/dry_run.py
 	python benchmarks/trainer_vs_trl.py
 	python benchmarks/gang_bootstrap.py
+	python benchmarks/startup.py
 	python benchmarks/fsdp_cpu.py
 	python benchmarks/agent_rollout.py
 	python benchmarks/async_vs_sync.py

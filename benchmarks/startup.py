@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import statistics
 import subprocess
@@ -28,14 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rlbuild.dev.launches import write_test_launch  # noqa: E402
-from trainer.workers.startup import MILESTONES  # noqa: E402
+from trainer.workers.startup import MILESTONES, read_summary  # noqa: E402
 
 LAYOUTS = {
     "colocated": {},
     "separate": {"role_plan": {"colocate_all": False}, "topology": {"num_nodes": 2}},
 }
 FLOOR = "import torch, transformers, ray"
-LINE = re.compile(r"\[trainer\] start-up: (.*) after the process started")
 
 
 def floor_s() -> float:
@@ -43,16 +41,6 @@ def floor_s() -> float:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", FLOOR], check=True)
     return time.perf_counter() - started
-
-
-def milestones(said: str) -> dict[str, float]:
-    """{milestone key: seconds} from the trainer's start-up line."""
-    match = LINE.search(said)
-    if match is None:
-        raise SystemExit(f"the trainer printed no start-up line:\n{said[-3000:]}")
-    seconds = dict(re.findall(r"([a-z ]+?) ([\d.]+) s", match.group(1)))
-    by_label = {label: key for key, label in MILESTONES.items()}
-    return {by_label[label.strip(", ")]: float(value) for label, value in seconds.items()}
 
 
 def train_once(launch: Path) -> dict[str, float]:
@@ -73,7 +61,10 @@ def train_once(launch: Path) -> dict[str, float]:
     exit_s = time.perf_counter() - started
     if result.returncode:
         raise SystemExit(f"the train job failed:\n{result.stdout[-2000:]}{result.stderr[-3000:]}")
-    return {**milestones(result.stdout + result.stderr), "exit": exit_s}
+    reached = read_summary(result.stdout + result.stderr)
+    if reached is None:
+        raise SystemExit(f"the trainer printed no start-up line:\n{result.stdout[-3000:]}")
+    return {**reached, "exit": exit_s}
 
 
 def main() -> None:

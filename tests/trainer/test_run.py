@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlbuild.dev.launches import write_test_launch
 from tests.launches import placeable
+from trainer.workers import startup
 
 METRIC_KEYS = {
     "reward/mean",
@@ -77,6 +78,9 @@ def test_train_then_export_then_eval(tmp_path: Path) -> None:
     result = trainer("run", "--launch", str(launch))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "\x1b[" not in result.stdout + result.stderr  # not a terminal: no colour codes (Ray's worker lines)
+    started = startup.read_summary(result.stdout)  # the milestones, once, in the order they are reached
+    assert started is not None and list(started) == list(startup.MILESTONES), result.stdout[-3000:]
+    assert list(started.values()) == sorted(started.values()) and result.stdout.count("start-up:") == 1
     terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
     assert terminal["global_step"] == 3
     assert terminal["hf_path"] == f"{doc['artifacts']['checkpoint_root']}/global_step_3/policy"

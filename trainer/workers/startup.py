@@ -4,12 +4,14 @@ first step (its line in the log) and that `benchmarks/startup.py` measures. Ligh
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
 import psutil
 
 MILESTONES = {"ray": "Ray up", "actors": "actors alive", "rollout": "first rollout", "step": "first step"}
+SUMMARY = re.compile(r"start-up: (.*) after the process started")
 _reached: dict[str, float] = {}
 
 
@@ -36,3 +38,13 @@ def summary() -> str | None:
     _reached["said"] = 0.0
     parts = [f"{label} {_reached[key]:.1f} s" for key, label in MILESTONES.items() if key in _reached]
     return f"start-up: {', '.join(parts)} after the process started"
+
+
+def read_summary(log: str) -> dict[str, float] | None:
+    """{milestone key: seconds} from the summary line in a trainer's log; None when it has none."""
+    match = SUMMARY.search(log)
+    if match is None:
+        return None
+    by_label = {label: key for key, label in MILESTONES.items()}
+    parts = (part.rsplit(" ", 2) for part in match.group(1).split(", "))
+    return {by_label[label]: float(seconds) for label, seconds, _unit in parts}
