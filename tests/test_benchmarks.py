@@ -3,7 +3,6 @@ measured by hand, with `make bench`; here they only have to come out)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -29,15 +28,6 @@ def test_dry_run_benchmark_prints_its_ratios() -> None:
         assert f"{label}: rlbuild dry run, 2 versions built" in out and f"{label}: rlbuild status, 2 versions" in out
         assert f"{label}: rlbuild dry run, 2 versions empty, -q (no job list)" in out
     assert "s3+20ms built: storage requests per extra version" in out
-
-
-@pytest.mark.slow
-def test_startup_benchmark_prints_the_milestones_and_the_floor() -> None:
-    """One colocated run against one floor (the separate layout is the same code with another launch)."""
-    out = json.loads(_bench("benchmarks/startup.py", "--repeats", "1", "--layouts", "colocated", "--json"))
-    row = out["layouts"]["colocated"]
-    assert list(row) == ["ray", "actors", "rollout", "step", "exit"] and list(row.values()) == sorted(row.values())
-    assert out["imports_s"] > 0 and out["first_step_s"] == round(row["step"], 2) and out["first_step_vs_floor"] > 0
 
 
 @pytest.mark.slow
