@@ -111,16 +111,17 @@ def connect(address: str | None, num_bundles: int, num_actors: int = 0) -> bool:
     # per CPU and keeps as many idle: CPUs for the actors (at least the bundles' count), so exactly the actors'
     # workers start, each importing the actors' modules (ACTOR_IMPORTS) while the driver imports its own; a worker
     # started for nothing costs an import of torch and transformers (~6 CPU-s).
+    cpus = max(num_bundles, num_actors, 1)
     with _environment(worker_environment()):
         # "local" starts a private cluster: with no address, Ray would join whatever cluster last started here.
         ray.init(
             address="local",
             _temp_dir=session_folder(),
-            num_cpus=max(num_bundles, num_actors, 1),
+            num_cpus=cpus,
             include_dashboard=False,
             log_to_driver=True,
             configure_logging=False,
-            _system_config={"preload_python_modules": ACTOR_IMPORTS, "num_workers_soft_limit": max(num_actors, 1)},
+            _system_config={"preload_python_modules": ACTOR_IMPORTS, "num_workers_soft_limit": cpus},
         )
     _started_here["ray"] = True
     startup.reached("ray")
