@@ -13,6 +13,7 @@ import psutil
 MILESTONES = {"ray": "Ray up", "actors": "actors alive", "rollout": "first rollout", "step": "first step"}
 SUMMARY = re.compile(r"start-up: (.*) after the process started")
 _reached: dict[str, float] = {}
+_said: list[bool] = []  # one summary per process
 
 
 def since_start() -> float:
@@ -33,9 +34,9 @@ def reached(milestone: str) -> None:
 
 def summary() -> str | None:
     """`start-up: Ray up 3.1 s, actors alive 7.9 s, ...` once the first step is done (once per process), else None."""
-    if "step" not in _reached or "said" in _reached:
+    if "step" not in _reached or _said:
         return None
-    _reached["said"] = 0.0
+    _said.append(True)
     parts = [f"{label} {_reached[key]:.1f} s" for key, label in MILESTONES.items() if key in _reached]
     return f"start-up: {', '.join(parts)} after the process started"
 
