@@ -43,6 +43,13 @@ def floor_s() -> float:
     return time.perf_counter() - started
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--repeats {value}: a median needs at least 1 run; use --repeats 1 or more")
+    return value
+
+
 def train_once(launch: Path) -> dict[str, float]:
     """One fresh 2-step run of `launch` (its storage emptied of the last run's training): its milestones and exit."""
     storage = launch.parent / "storage"
@@ -69,7 +76,7 @@ def train_once(launch: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = parser.parse_args()
