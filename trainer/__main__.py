@@ -25,10 +25,21 @@ SUBCOMMANDS = {
 
 def _run(args: argparse.Namespace) -> int:
     from rlbuild.contracts.launch import load_launch
-    from trainer import continuation, loop
+    from rlbuild.core import storage
+    from trainer import continuation
+    from trainer.workers import cluster
+
+    launch = load_launch(str(args.launch))
+    continuation.listen()  # before anything slow
+    if not storage.exists(args.terminal or launch.artifacts.terminal_manifest_uri):  # else loop.run refuses
+        # Ray's services start, and its workers import the actors' modules, while this process imports the
+        # loop's torch and transformers (seconds each, on the way to the first step either way).
+        cluster.connect_for(launch)
+        continuation.listen()  # again: ray.init replaces the SIGTERM handler with its own
+    from trainer import loop
 
     try:
-        manifest = loop.run(load_launch(str(args.launch)), args.terminal, args.allow_retrain)
+        manifest = loop.run(launch, args.terminal, args.allow_retrain)
         continuation.finished()
     except continuation.ToBeContinued as stopped:
         print(f"[trainer] {stopped}", flush=True)

@@ -15,7 +15,6 @@ sample them depends on timing).
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from functools import partial
@@ -76,9 +75,8 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
     # A fresh verified copy per run: a dev version re-staged at the same URI must never meet a stale cache.
     with tempfile.TemporaryDirectory(prefix="rlbuild-inputs-") as cache:
         inputs = load_inputs(launch, Path(cache))
-        address = launch.ray.address or os.environ.get("RAY_ADDRESS")
         backend = resolve_backend(launch.recipe.generator.backend)
-        roles = start_roles(launch, address, cache, backend)
+        roles = start_roles(launch, cache, backend)
         startup.reached("actors")
         continuation.listen()  # again: ray.init replaces the SIGTERM handler with its own
         try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,10 +20,12 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
-from rlbuild.contracts.layout import Layout, PackingError, pack
+from rlbuild.contracts.layout import Layout, PackingError, pack, shape_of_recipe
+from rlbuild.contracts.recipe import Recipe
 from rlbuild.plan.roleplan import check_role_plan, shape_of_plan
 from rlbuild.plan.spec import RolePlan, Runtime, Topology
-from trainer.workers.placement import Reservation, plain_worker_logs, reserve
+from trainer.workers.cluster import plain_worker_logs, shares_process
+from trainer.workers.placement import Reservation, reserve
 
 pytestmark = pytest.mark.timeout(300)
 GPUS = 8
@@ -197,3 +201,43 @@ def test_worker_lines_are_plain_text_in_a_log_file_and_coloured_in_a_terminal() 
     chosen = {"RAY_COLOR_PREFIX": "1"}
     plain_worker_logs(chosen, tty=False)
     assert chosen == {"RAY_COLOR_PREFIX": "1"}  # a person's explicit choice stays
+
+
+@pytest.mark.parametrize(
+    ("placement", "generator", "entrypoint", "backend", "shared"),
+    [
+        ({}, {}, "grpo", "torch", True),  # the tiny default: one rank, one engine, colocated
+        ({}, {}, "fully_async", "torch", False),  # generates while the policy trains: two processes
+        ({}, {}, "grpo", "vllm", False),  # vLLM runs in processes of its own
+        ({"colocate_all": False}, {}, "grpo", "torch", False),
+        ({"policy_num_gpus_per_node": 2}, {"num_inference_engines": 2}, "grpo", "torch", False),
+        ({"policy_num_gpus_per_node": 2}, {"inference_engine_tensor_parallel_size": 2}, "grpo", "torch", False),
+    ],
+    ids=["colocated", "fully_async", "vllm", "separate", "two-ranks", "tp2"],
+)
+def test_only_a_single_rank_s_colocated_torch_engine_shares_its_process(
+    placement: dict[str, object], generator: dict[str, object], entrypoint: str, backend: str, shared: bool
+) -> None:
+    recipe = Recipe.model_validate(
+        {"trainer": {"entrypoint": entrypoint, "placement": placement}, "generator": generator}
+    )
+    gpus = recipe.trainer.placement.policy_num_gpus_per_node
+    nodes = 1 if recipe.trainer.placement.colocate_all else 2
+    layout = pack(shape_of_recipe(recipe, nodes, gpus))
+    assert shares_process(recipe, layout, backend) is shared
+
+
+def test_the_driver_starts_ray_before_torch_and_leaves_the_workers_imports_to_them() -> None:
+    """`python -m trainer run` starts its private Ray from trainer/workers/cluster.py before it imports the loop:
+    that module (and the start-up clock) must not pull torch in. The driver never imports what only the actors use,
+    and every module a private Ray's workers import ahead exists (Ray only logs a preload that fails)."""
+    script = (
+        "import importlib.util, sys; from trainer.workers import cluster; from trainer.workers import startup; "
+        "early = sorted({'torch', 'transformers'} & set(sys.modules)); "
+        "import trainer.loop; "
+        "driver = sorted({'torch.distributed.checkpoint', 'transformers.modeling_utils'} & set(sys.modules)); "
+        "assert not early and not driver, f'cluster imported {early}, the driver {driver}'; "
+        "missing = [name for name in cluster.ACTOR_IMPORTS if importlib.util.find_spec(name) is None]; "
+        "assert not missing, f'no module {missing}'"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)

@@ -20,8 +20,9 @@ from tests.launches import placeable
 from trainer import tasks
 from trainer.workers import grpo
 from trainer.workers.batch import UpdateBatch, update_batch
+from trainer.workers.cluster import connect, layout_of
 from trainer.workers.engines import SamplingParams, TorchEngine
-from trainer.workers.placement import connect, layout_of, place_roles, setup_group
+from trainer.workers.placement import place_roles, setup_group
 from trainer.workers.policy import score
 from trainer.workers.reference import ReferenceWorker
 from trainer.workers.roles import Roles

@@ -1,4 +1,4 @@
-"""Ray: connect to the gang's cluster (or start a local one) and place every role where the layout says.
+"""Ray: place every role where the layout says, on the cluster trainer/workers/cluster.py connected to.
 
 The layout is rlbuild/contracts/layout.py's packing, the one preflight checked: the node of each policy rank, of each
 reference worker and of each engine's GPUs. Layout node i is a Ray node: on a gang, the node of rank i (its
@@ -17,12 +17,7 @@ its Ray workers in the engine's own bundles (VLLM_RAY_BUNDLE_INDICES), while the
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import sys
-import tempfile
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,19 +27,17 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlbuild.contracts.launch import LaunchDocument
-from rlbuild.contracts.layout import Layout, pack, shape_of_recipe
+from rlbuild.contracts.layout import Layout
 from rlbuild.contracts.manifest import materialise
 from rlbuild.contracts.recipe import Recipe
-from rlbuild.core import storage
-from rlbuild.core.wire import RANK_RESOURCE, RAY_TEMP_DIR_ENV
+from rlbuild.core.wire import RANK_RESOURCE
 from trainer.errors import TrainerError
-from trainer.workers import startup
+from trainer.workers import cluster, sharding
 from trainer.workers.engines import make_engine
 from trainer.workers.policy import PolicyWorker
 from trainer.workers.reference import ReferenceWorker
-from trainer.workers.roles import Roles, rendezvous
+from trainer.workers.roles import Roles, SharedEngine, rendezvous
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PLACEMENT_TIMEOUT_S = 180
 COLOCATED_SHARE = 0.5
 NODE_LABEL = "ray.io/node-id"
@@ -52,59 +45,6 @@ NODE_LABEL = "ray.io/node-id"
 
 class PlacementError(TrainerError):
     """The cluster cannot hold the role plan."""
-
-
-def plain_worker_logs(environ: MutableMapping[str, str], tty: bool) -> None:
-    """Ray colours the lines it forwards from the workers; in a log file (not a terminal) those are escape codes,
-    so off there (RAY_COLOR_PREFIX=0, read by Ray per line) unless the environment already says otherwise."""
-    if not tty:
-        environ.setdefault("RAY_COLOR_PREFIX", "0")
-
-
-def connect(address: str | None, num_bundles: int) -> bool:
-    """Join `address` (or RAY_ADDRESS); else start a local Ray. Returns True when this process started it."""
-    plain_worker_logs(os.environ, sys.stdout.isatty() and sys.stderr.isatty())
-    env = {
-        "env_vars": {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-            "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1",
-            # The lease this job builds under reaches the workers on every node (a gang's other ranks started
-            # Ray before the job named it): their checkpoint shards are writes under it (storage.fence).
-            **{name: os.environ[name] for name in (storage.LEASE_ENV, storage.LEASE_RUN_ENV) if name in os.environ},
-        }
-    }
-    if ray.is_initialized():
-        return False
-    if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
-        startup.reached("ray")
-        return False
-    # "local" starts a private cluster: with no address, Ray would join whatever cluster last started here.
-    ray.init(
-        address="local",
-        _temp_dir=session_folder(),
-        num_cpus=max(os.cpu_count() or 1, num_bundles),
-        include_dashboard=False,
-        runtime_env=env,
-        log_to_driver=True,
-        configure_logging=False,
-    )
-    startup.reached("ray")
-    return True
-
-
-def session_folder() -> str:
-    """Where the local Ray keeps its session: the folder `rlbuild train` made for this run (it removes it, and
-    ends what Ray left, however the trainer ends), else a fresh one of this process's, removed at its exit (Ray's
-    own shutdown at exit runs first). Under /tmp, not TMPDIR: Ray's unix sockets live in it, a socket path may
-    not exceed 107 bytes, and a scheduler's TMPDIR (a task's own folder) can be long."""
-    given = os.environ.get(RAY_TEMP_DIR_ENV)
-    if given:
-        return given
-    folder = tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # before ray.init: runs after Ray's own handler
-    return folder
 
 
 class EngineActor:
@@ -140,16 +80,40 @@ class EngineActor:
         return self.engine.sequence_logprobs(token_ids, start)
 
 
-def layout_of(launch: LaunchDocument) -> Layout:
-    """The launch document's layout: the same packing preflight ran on the experiment."""
-    allocation = launch.allocation
-    return pack(shape_of_recipe(launch.recipe, allocation.num_nodes, allocation.gpus_per_node))
+class SharedEngineWorker(PolicyWorker):
+    """The single policy rank of a colocated torch layout with its engine in the same process (cluster.shares_process
+    says when): the weight sync copies the gathered weights into the engine instead of broadcasting them to another
+    process. The driver reaches the engine through roles.SharedEngine, by the `engine_*` names."""
 
+    def __init__(
+        self, rank: int, world_size: int, recipe: Recipe, model_uri: str, cache_dir: str, num_threads: int
+    ) -> None:
+        super().__init__(rank, world_size, recipe, model_uri, cache_dir, num_threads)
+        self.engine = make_engine("torch", self.model_dir, recipe.generator, recipe.trainer.seed, num_threads)
 
-def bundles_needed(layout: Layout, reference_workers: int) -> int:
-    shape = layout.shape
-    engines = 0 if shape.colocated else shape.engines * shape.engine_gpus
-    return len(layout.policy_nodes) * shape.gpus_per_node + reference_workers + engines
+    def open_weight_sync(self, backend: str, master_addr: str, port: int, world_size: int) -> None:
+        """Nothing to host: the only engine is in this process."""
+
+    def broadcast_weights(self) -> None:
+        self.engine.load_weights(sharding.full_state(self.model))
+
+    def engine_generate(self, prompts: list[list[int]], params: Any, seed: int) -> list[Any]:
+        return self.engine.generate(prompts, params, seed)
+
+    def engine_node(self) -> str:
+        return self.node()
+
+    def engine_sync_ranks(self) -> int:
+        return 0  # no rank of the weight-sync group: broadcast_weights copies
+
+    def engine_open_weight_sync(self, backend: str, master_addr: str, port: int, first_rank: int, world: int) -> None:
+        """Nothing to join (engine_sync_ranks is 0)."""
+
+    def engine_receive_weights(self, specs: list[Any]) -> None:
+        """Nothing to receive: broadcast_weights, called before this on the same actor, loaded them."""
+
+    def engine_sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        return self.engine.sequence_logprobs(token_ids, start)
 
 
 @dataclass
@@ -258,11 +222,11 @@ def _wait_ready(reservation: Reservation) -> None:
     )
 
 
-def start_roles(launch: LaunchDocument, address: str | None, cache_dir: str, backend: str) -> Roles:
-    """Connect to Ray (or start a private one), then start the roles and open the weight-sync group."""
-    layout = layout_of(launch)
-    started = connect(address, bundles_needed(layout, launch.recipe.reference_workers))
-    roles = place_roles(launch.recipe, layout, launch.inputs.model.uri, cache_dir, backend)
+def start_roles(launch: LaunchDocument, cache_dir: str, backend: str) -> Roles:
+    """Connect to Ray (or start a private one) unless connected, then start the roles and open the weight-sync
+    group."""
+    started = cluster.connect_for(launch)
+    roles = place_roles(launch.recipe, cluster.layout_of(launch), launch.inputs.model.uri, cache_dir, backend)
     roles.started_ray = started
     roles.open_weight_sync(launch.recipe.generator.weight_sync_backend)
     return roles
@@ -274,9 +238,11 @@ def place_roles(recipe: Recipe, layout: Layout, model_uri: str, cache_dir: str, 
     share = COLOCATED_SHARE if layout.shape.colocated else 1.0
     threads = recipe.trainer.num_threads
     world = recipe.trainer.placement.policy_world_size
+    shared = cluster.shares_process(recipe, layout, backend)
+    # A rank with its engine in its process holds both halves of the bundle.
     policy = [
-        ray.remote(PolicyWorker)
-        .options(**reservation.options(*reservation.policy_slot(rank), share))
+        ray.remote(SharedEngineWorker if shared else PolicyWorker)
+        .options(**reservation.options(*reservation.policy_slot(rank), 1.0 if shared else share))
         .remote(rank, world, recipe, model_uri, cache_dir, threads)
         for rank in range(world)
     ]
@@ -286,8 +252,8 @@ def place_roles(recipe: Recipe, layout: Layout, model_uri: str, cache_dir: str, 
         .remote(i, recipe.reference_workers, recipe, model_uri, cache_dir, threads)
         for i in range(recipe.reference_workers)
     ]
-    engines = []
-    for index in range(layout.shape.engines):
+    engines: list[Any] = [SharedEngine(policy[0])] if shared else []
+    for index in range(0 if shared else layout.shape.engines):
         group, bundles = reservation.engine_slot(index)
         # A vLLM engine over several GPUs leaves them to its workers; a one-GPU or torch engine holds its own.
         actor_share = share if backend == "torch" or len(bundles) == 1 else 0.0

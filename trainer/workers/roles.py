@@ -14,6 +14,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from rlbuild.contracts import checkpoints as layout
 from trainer.errors import TrainerError
+from trainer.workers import cluster
 from trainer.workers.batch import Batch, UpdateBatch
 from trainer.workers.engines import Rollout, SamplingParams, max_abs_difference
 from trainer.workers.weight_sync import TensorSpec
@@ -28,6 +29,19 @@ def rendezvous(host: Any, nodes: list[str]) -> tuple[str, int]:
     master_addr, port = ray.get(host.address.remote())
     # All members on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
     return ("127.0.0.1" if len(set(nodes)) == 1 else master_addr), port
+
+
+@dataclass(frozen=True)
+class SharedEngine:
+    """The driver's handle on an engine that lives in a policy rank's actor (placement.SharedEngineWorker): an
+    engine actor's methods, by that actor's `engine_*` names."""
+
+    actor: Any
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("__"):  # copy, pickle and friends probe for these: not engine methods
+            raise AttributeError(method)
+        return getattr(self.actor, f"engine_{method}")
 
 
 @dataclass
@@ -133,9 +147,8 @@ class Roles:
 
     def shutdown(self) -> None:
         ray.get([w.shutdown.remote() for w in [*self.policy, *self.reference]])
-        for actor in [*self.policy, *self.engines, *self.reference]:
+        for actor in [*self.policy, *self.reference, *(e for e in self.engines if not isinstance(e, SharedEngine))]:
             ray.kill(actor)
         for group in self.groups:
             remove_placement_group(group)
-        if self.started_ray:
-            ray.shutdown()
+        cluster.disconnect(self.started_ray)

@@ -26,23 +26,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from rlbuild.contracts.manifest import describe_files, materialise, payload_files
 from rlbuild.core import storage
 from trainer.workers import weight_sync
 
-# Gathered to rank 0 in host memory: what the engines and the HF folder need.
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# torch.distributed.checkpoint is imported where it is used: the driver imports this module (with the actor
+# classes) and never calls those functions, and DCP's import (DTensor, sympy: ~1.5 s) is the driver's on the way to
+# step 0. A worker of a private Ray has imported it before it takes its actor (trainer/workers/cluster.py).
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 
 
@@ -107,10 +98,15 @@ def shard(models: list[torch.nn.Module], device: torch.device) -> str:
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full (unsharded, HF-named) weights on rank 0's host; {} elsewhere. Every rank must call this."""
-    return get_model_state_dict(model, options=FULL)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Gathered to rank 0 in host memory: what the engines and the HF folder need.
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     return {
         "model": get_model_state_dict(model),
         "optimizer": get_optimizer_state_dict(model, optimizer),
@@ -121,9 +117,11 @@ def _training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sc
 def save(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> dict[str, Any]:
     """Write model, optimizer and scheduler as a DCP folder at `uri`; return the manifest entries of this rank's
     files ({relpath: {sha256, size}}). Every rank must call this."""
+    import torch.distributed.checkpoint as dcp
+
     state = _training_state(model, optimizer, scheduler)
     with tempfile.TemporaryDirectory(prefix="rlbuild-dcp-") as tmp:
-        dcp.save(state, storage_writer=FileSystemWriter(tmp, sync_files=False))
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=False))
         files = describe_files(dict(payload_files(Path(tmp))))
         storage.put_dir(Path(tmp), uri, replace=False)
     return files["files"]
@@ -131,6 +129,10 @@ def save(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
 
 def load(uri: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     """Load a DCP folder written by `save` (any world size) into this rank's shards. Every rank must call this."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
     state = _training_state(model, optimizer, scheduler)
     dcp.load(state, storage_reader=FsspecReader(uri, **storage.fsspec_options(uri)))
     set_model_state_dict(model, state["model"])
