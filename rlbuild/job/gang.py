@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 WORKER_PORT_BASE = 20000  # outside the schedulers' own port ranges (a local cluster's: 12000-13999); one per rank
 WORKER_PORTS_PER_RANK = 400
 RAY_STOP_GRACE_S = 10.0
+# Ray gives a starting node's raylet 30 s to register with the GCS (hard-coded in ray/_private/node.py) and `ray
+# start` exits when it misses that; on a loaded host it does (seen: the second node of a gang on a busy 2-core box).
+# A node whose `ray start` exits within the window died starting and is started again, up to RAY_START_ATTEMPTS.
+RAY_START_WINDOW_S = 120.0
+RAY_START_ATTEMPTS = 3
 # The wall-clock warning a scheduler sends every process of a job before its limit (`--signal=USR1@<lead>`); only
 # the trainer acts on it (trainer/continuation.py).
 WARNING_SIGNAL = signal.SIGUSR1
@@ -74,19 +79,25 @@ class RayNode:
     host: str
     ports: dict[str, int]
     num_cpus: int | None = None
+    program: str = str(Path(sys.executable).with_name("ray"))
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     temp_dir: str = field(default="", init=False)
+    head_address: str | None = field(default=None, init=False)
+    starts: int = field(default=0, init=False)
+    started_at: float = field(default=0.0, init=False)
+    restarting: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     @property
     def gcs_address(self) -> str:
         return f"{self.host}:{self.ports['ray_gcs']}"
 
     def start(self, head_address: str | None) -> None:
+        self.head_address = head_address
         # Ray's unix sockets need a short path; the task's TMPDIR can be long.
         self.temp_dir = tempfile.mkdtemp(prefix=f"rlray{self.rank}-", dir="/tmp")
         low = WORKER_PORT_BASE + self.rank * WORKER_PORTS_PER_RANK
         argv = [
-            str(Path(sys.executable).with_name("ray")),
+            self.program,
             "start",
             "--block",
             "--disable-usage-stats",
@@ -116,15 +127,33 @@ class RayNode:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         preexec = _ray_node_child(os.getpid())
         self.process = subprocess.Popen(argv, env=env, stdout=sys.stderr, stderr=sys.stderr, preexec_fn=preexec)
+        self.starts += 1
+        self.started_at = time.monotonic()
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def keep_running(self) -> bool:
+        """Whether this node's Ray runs, after starting a worker node again if its `ray start` exited while
+        starting (RAY_START_WINDOW_S). A head is never started again (the workers joined its GCS), nor a node that
+        ran past the window: those are gone for good."""
+        with self.restarting:  # the heartbeat thread asks too
+            if self.process is None or self.running():
+                return self.process is not None
+            late = time.monotonic() - self.started_at > RAY_START_WINDOW_S
+            if self.head_address is None or late or self.starts >= RAY_START_ATTEMPTS:
+                return False
+            log(f"rank {self.rank}: `ray start` exited with code {self.process.returncode} while starting; again")
+            self.remove_temp_dir()
+            self.start(self.head_address)
+            return True
+
     def stop(self) -> None:
-        if self.process is None:
-            return
-        interrupts.stop(self.process, RAY_STOP_GRACE_S)  # after a SIGKILL its Ray daemons share its fate (PDEATHSIG)
-        self.process = None
+        with self.restarting:
+            if self.process is None:
+                return
+            interrupts.stop(self.process, RAY_STOP_GRACE_S)  # after a SIGKILL its daemons share its fate (PDEATHSIG)
+            self.process = None
 
     def logs_dir(self) -> Path | None:
         logs = Path(self.temp_dir, "session_latest", "logs") if self.temp_dir else None
@@ -350,7 +379,7 @@ def run_worker(args: argparse.Namespace, rdv: Rendezvous, node: RayNode) -> int:
     log(f"rank {node.rank} joining Ray at {head['address']}")
     materialise(args.launch, args.cache_dir)
     rdv.mark_inputs(node.rank)
-    ok, reason = rdv.wait_outcome(node.running)
+    ok, reason = rdv.wait_outcome(node.keep_running)
     if ok:
         log(f"rank {node.rank}: rank 0 finished; leaving")
         return 0
@@ -364,7 +393,7 @@ def beat_while_running(rdv: Rendezvous, node: RayNode, every_s: float = HEARTBEA
     rdv.mark_alive(node.rank)
 
     def beat() -> None:
-        while node.running():
+        while node.keep_running():
             time.sleep(every_s)
             try:
                 rdv.mark_alive(node.rank)
