@@ -29,7 +29,7 @@ from tests.e2e.test_interrupts import latest_checkpoint, train_logs
 from tests.e2e.test_pipeline import VERSION, Pipeline, ran
 from tests.faults import wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SHIPPED = yaml.safe_load((EXPERIMENTS / "tiny-series.yaml").read_text())
 # The shipped series on a budget: the smoke 1 step, the others 2, and a fifth arm identical to base (no job).

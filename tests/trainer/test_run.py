@@ -170,7 +170,7 @@ def resume_to_the_end(launch: Path, killed_at: int, max_steps: int) -> subproces
     doc = _doc(launch)
     assert killed_at < max_steps
     assert not Path(doc["artifacts"]["terminal_manifest_uri"]).exists()
-    resumed = trainer("run", "--launch", str(launch), timeout=400)
+    resumed = trainer("run", "--launch", str(launch), timeout=700)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     logs = resumed.stdout + resumed.stderr
     assert f"resumed from {doc['artifacts']['checkpoint_root']}/global_step_{killed_at}" in logs
