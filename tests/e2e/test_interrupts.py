@@ -11,6 +11,7 @@ no finished step). The timings of every row are printed (`pytest -s`) for the cl
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -138,6 +139,8 @@ def interrupt(pipe: Pipeline, row: Row, mark: str) -> dict[str, float]:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
     command += ["--rerun-incomplete", "--config", f"experiment={pipe.experiment}", f"storage_root={pipe.storage}"]
     command += [f"versions=['{VERSION}']"]
+    if row.stage == "train":  # the README's recovery as typed: `snakemake --rerun-incomplete train/v.../terminal.json`
+        command += ["--", f"train/v{VERSION}/terminal.json"]
     # The base-model rows interrupt a real warm start: not a copy from the session's cache.
     env = {**{k: v for k, v in os.environ.items() if k != CACHE_ENV}, MARK: mark}
     log = pipe.folder / f"snakemake-{mark}.log"
@@ -202,6 +205,8 @@ def test_kill_matrix(tmp_path: Path) -> None:
     assert_every_record_has_its_complete_payload(pipe.root)
     for artifact in ARTIFACTS:
         assert (pipe.root / artifact.record(VERSION)).exists(), artifact.kind
+    terminal = pipe.root / f"train/v{VERSION}/terminal.json"
+    assert json.loads(terminal.read_text())["global_step"] == MAX_STEPS
 
     # Nothing trained twice beyond the last checkpoint: each training attempt after the first resumed from the
     # newest checkpoint there was when the one before it stopped (a training that reached its last step before

@@ -21,7 +21,7 @@ from tests.conftest import EXPERIMENTS, copy_of_the_code
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, start_snakemake, wait_for
 from tests.iris.test_gang import job_logs, task_pids
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 589 s seen on a loaded 2-core box
 VERSION = "2026.09.21"
 MAX_STEPS = 8  # the kill lands after the first checkpoint (step 2): steps enough to see the resume running
 NAME = "iris-gang"
