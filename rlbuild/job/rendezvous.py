@@ -23,6 +23,8 @@ from typing import Any
 from rlbuild.core import storage
 from rlbuild.core.errors import RlbuildError
 
+OUTCOME_POLL_MAX_S = 5.0  # what a worker adds, at most, to the end of its gang's job
+
 
 class GangTaskError(RlbuildError):
     """This process cannot take its part in a gang: its environment does not say which task of which scheduler job
@@ -115,13 +117,24 @@ class Rendezvous:
         return None if failed is None else (False, failed)
 
     def wait_outcome(self, still_running: Callable[[], bool]) -> tuple[bool, str]:
-        """Wait for rank 0's outcome while `still_running()` holds (this node's Ray is up)."""
+        """Wait for rank 0's outcome while `still_running()` holds (this node's Ray is up), asked every poll.
+        The outcome is read every poll at first, then ever less often, up to every OUTCOME_POLL_MAX_S: a worker
+        waits a whole training for it, and each read is two storage requests (on S3, a fifth of a core at one
+        poll a second)."""
+        between, next_read = self.poll_s, 0.0
         while True:
-            outcome = self.outcome()
-            if outcome is not None:
-                return outcome
+            if time.monotonic() >= next_read:
+                outcome = self.outcome()
+                if outcome is not None:
+                    return outcome
+                next_read = time.monotonic() + between
+                between = min(between * 2, OUTCOME_POLL_MAX_S)
             if not still_running():
-                return False, "this node's Ray process exited before rank 0 finished (the head is gone?)"
+                # Rank 0's success stops its head, and this node with it: the outcome says which it was.
+                return self.outcome() or (
+                    False,
+                    "this node's Ray process exited before rank 0 finished (the head is gone?)",
+                )
             time.sleep(self.poll_s)
 
     def _wait_for(self, name: str, timeout_s: float, what: str) -> str:

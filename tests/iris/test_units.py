@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,21 @@ def test_rendezvous_clears_stale_attempts_and_reports_outcomes(tmp_path: Path) -
     assert rdv.wait_outcome(lambda: True) == (False, "rank 0's job step exited with code 3")
     rdv.mark_done()
     assert rdv.outcome() == (True, "")
+
+
+def test_a_waiting_worker_reads_the_outcome_ever_less_often_and_ends_well_when_success_ends_its_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rdv = Rendezvous(str(tmp_path), "/root/job", "gang1", 0, poll_s=0.01)
+    read = rdv.outcome
+    reads: list[float] = []
+    monkeypatch.setattr(rdv, "outcome", lambda: reads.append(time.monotonic()) or read())
+    polls = iter(range(300))  # ~3 s of 0.01 s polls of this node
+    assert rdv.wait_outcome(lambda: next(polls, None) is not None)[0] is False
+    assert len(reads) <= 12, len(reads)  # 0.01 s between reads, doubling to 5 s: not one read a poll
+    assert max(b - a for a, b in itertools.pairwise(reads)) > 0.5
+    # Rank 0 finished, and its head's end took this node down: a success, not "the head is gone".
+    assert rdv.wait_outcome(lambda: rdv.mark_done() or False) == (True, "")
 
 
 def test_an_unreachable_controller_fails_at_start_with_a_fix(tmp_path: Path) -> None:
