@@ -21,7 +21,7 @@ from tests.conftest import EXPERIMENTS, copy_of_the_code
 from tests.iris.conftest import REPO, S3, fast_flags, snakemake_env, start_snakemake, wait_for
 from tests.iris.test_gang import job_logs, task_pids
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 589 s seen on a loaded 2-core box
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # 590 s seen on a loaded 2-core box
 VERSION = "2026.09.21"
 MAX_STEPS = 8  # the kill lands after the first checkpoint (step 2): steps enough to see the resume running
 NAME = "iris-gang"
@@ -70,14 +70,15 @@ def test_two_node_training_survives_a_killed_node_and_resumes(
     latest = f"{prefix}/tmp/ttl=14d/train/v{VERSION}/checkpoints/latest"
     try:
         job = wait_for(lambda: (m := SUBMITTED.search(log.read_text())) and m.group(1), 300, "the train gang")
-        wait_for(lambda: _read(s3, latest), 300, "the first checkpoint", poll=0.5)
+        wait_for(lambda: _read(s3, latest), 400, "the first checkpoint", poll=0.5)
         assert "Ray nodes alive: 2/2" in job_logs(iris_client, job)  # the gang's Ray spans both nodes
         pids = task_pids(job, 1)
         assert pids, f"rank 1's bootstrap is not running; the gang's log ends:\n{job_logs(iris_client, job)[-3000:]}"
         os.killpg(os.getpgid(pids[0]), signal.SIGKILL)  # a node is lost mid-training, as its whole process group
-        resumed = wait_for(lambda: resumed_in_status(experiment, s3, iris, monkeypatch), 300, "status to show it")
+        # Iris fails the gang, stops its other task and starts both again: over 300 s on a loaded 2-core box.
+        resumed = wait_for(lambda: resumed_in_status(experiment, s3, iris, monkeypatch), 600, "status to show it")
         assert resumed["state"] == "running" and resumed["ladder"]["gang"]["attempt"] >= 1, resumed
-        assert process.wait(420) == 0, log.read_text()[-5000:]
+        assert process.wait(600) == 0, log.read_text()[-5000:]
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
