@@ -51,7 +51,7 @@ COVERED_ELSEWHERE = {
     "snakemake --forcerun eval": "tests/e2e/test_first_hour.py::test_a_partial_rebuild_reruns_eval_only",
     "snakemake --forcerun export -- export/v2026.09.21": "test_forcerun_export_reexports_without_retraining",
     "snakemake --rerun-incomplete train/v2026.09.21/terminal.json": (
-        "tests/e2e/test_interrupts.py::test_kill_matrix: its train rows recover with it, as typed, each resuming"
+        "tests/e2e/test_pipeline.py::test_killed_training_resumes_from_the_latest_checkpoint"
     ),
     "snakemake --forcerun train --config allow_retrain=true -- train/v2026.09.21/terminal.json": (
         "tests/e2e/test_pipeline.py::test_allow_retrain_retrains_a_completed_fixed_version"

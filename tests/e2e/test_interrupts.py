@@ -139,8 +139,6 @@ def interrupt(pipe: Pipeline, row: Row, mark: str) -> dict[str, float]:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "2"]
     command += ["--rerun-incomplete", "--config", f"experiment={pipe.experiment}", f"storage_root={pipe.storage}"]
     command += [f"versions=['{VERSION}']"]
-    if row.stage == "train":  # the README's recovery as typed: `snakemake --rerun-incomplete train/v.../terminal.json`
-        command += ["--", f"train/v{VERSION}/terminal.json"]
     # The base-model rows interrupt a real warm start: not a copy from the session's cache.
     env = {**{k: v for k, v in os.environ.items() if k != CACHE_ENV}, MARK: mark}
     log = pipe.folder / f"snakemake-{mark}.log"

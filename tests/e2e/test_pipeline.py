@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlbuild.core.streams import read_stream
 from rlbuild.dev.s3 import S3Server
 from tests.conftest import EXPERIMENTS, REPO, copy_of_the_code, run_snakemake
 from tests.faults import Fault, s3_proxy, wait_until
@@ -296,6 +297,52 @@ def test_a_training_snakemake_saw_interrupted_is_rewritten_from_its_final_checkp
     assert ran(rerun) == {"train": 1}
     log = (pipeline.root / "logs" / "train" / f"v{VERSION}.log").read_text()
     assert "is the completed final step; writing its terminal manifest" in log and "[trainer] step" not in log
+
+
+def test_killed_training_resumes_from_the_latest_checkpoint(tmp_path: Path) -> None:
+    experiment = small_experiment(tmp_path, max_steps=8, name="resume")
+    pipe = Pipeline(tmp_path, experiment)
+    target = f"train/v{VERSION}/terminal.json"
+    config = ["--config", f"experiment={experiment}", f"storage_root={pipe.storage}"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        target,
+        "--cores",
+        "2",
+        *config,
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
+    )
+    latest = pipe.root / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    while not latest.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert latest.exists(), "training never wrote a checkpoint"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (pipe.root / target).exists()
+
+    assert pipe.run("--unlock").returncode == 0  # a killed Snakemake leaves its lock behind
+    resumed = pipe.run("--rerun-incomplete", targets=(target,))
+    assert ran(resumed) == {"train": 1}
+    terminal = json.loads((pipe.root / target).read_text())
+    assert terminal["global_step"] == 8
+    log = (pipe.root / "logs" / "train" / f"v{VERSION}.log").read_text()
+    assert "resum" in log.lower()
+    # Snakemake's log holds the last attempt; storage keeps both, the killed one up to its last flush.
+    attempts = pipe.root / "tmp" / "ttl=14d" / "train" / f"v{VERSION}" / "attempts" / "logs"
+    logs = sorted(read_stream(str(folder)) or "" for folder in attempts.iterdir())
+    assert len(logs) == 2 and any("resumed from" in text for text in logs)
 
 
 def test_the_same_graph_on_s3_storage(tmp_path: Path, s3_server: S3Server) -> None:
