@@ -10,22 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from rlbuild.core.wire import RAY_PORT_NAMES
 from rlbuild.job import gang
 from rlbuild.job.gang import RayNode
 
-PORTS = dict.fromkeys(
-    (
-        "ray_gcs",
-        "ray_node_manager",
-        "ray_object_manager",
-        "ray_metrics",
-        "ray_agent_listen",
-        "ray_agent_grpc",
-        "ray_runtime_env",
-        "ray_client",
-    ),
-    1,
-)
+PORTS = dict.fromkeys(RAY_PORT_NAMES, 1)
 
 
 def fake_ray(folder: Path, exits_first: int) -> tuple[Path, Path]:
