@@ -157,11 +157,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         versions = [args.version]
     addresses = addresses_from_environment() | _addresses(args)
     options = Options(stall_after_s=args.stall_after, addresses=addresses, verify=args.verify)
-    for name, value in STATUS_STORAGE_WAIT.items():  # a person is waiting: seconds, not storage's minutes
-        os.environ.setdefault(name, value)
     while True:
         try:
-            document = gather(experiment, versions, storage_root, kinds, options)
+            with storage.waits(STATUS_STORAGE_WAIT):  # a person is waiting: seconds, not storage's minutes
+                document = gather(experiment, versions, storage_root, kinds, options)
         except storage.StorageUnavailableError as error:
             print(f"storage unreachable: {redact_text(str(error))}", file=sys.stderr)
             return 1

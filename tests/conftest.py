@@ -60,6 +60,31 @@ def _prebuild(wanted: str) -> threading.Thread | None:
     return thread
 
 
+# Variables pytest sets per test, and those Snakemake's S3 storage plugin sets when it is first imported.
+SET_BY_OTHERS = frozenset(
+    {"PYTEST_CURRENT_TEST", "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"}
+)
+
+
+@pytest.fixture(autouse=True)
+def environment_left_as_found() -> Iterator[None]:
+    """A test leaves its worker's environment as it found it (monkeypatch's changes are undone before this
+    looks): a variable left behind reaches every later test of the worker, and a storage wait of 3 s left by
+    an in-process `rlbuild status` once failed an unrelated upload on a loaded machine."""
+    before = {name: value for name, value in os.environ.items() if name not in SET_BY_OTHERS}
+    yield
+    after = {name: value for name, value in os.environ.items() if name not in SET_BY_OTHERS}
+    if after == before:
+        return
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    for name in changed:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            os.environ.pop(name)
+    pytest.fail(f"the test left environment variables changed: {', '.join(changed)}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     with loopback_s3_server() as server:

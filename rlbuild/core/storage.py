@@ -237,6 +237,20 @@ def deadline_s() -> float:
     return attempts * (timeouts["connect_timeout"] + timeouts["read_timeout"]) + 2 ** (attempts - 1)
 
 
+@contextlib.contextmanager
+def waits(settings: Mapping[str, str]) -> Iterator[None]:
+    """Storage's waits (the RLBUILD_S3_* variables) for one block, where the user set none; restored after, so an
+    in-process caller (a test worker, a notebook) keeps its own: a short wait left behind once made a later,
+    unrelated upload on a loaded machine fail on its first slow answer."""
+    added = {name: value for name, value in settings.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def _attempts() -> int:
     return max(1, int(os.environ.get("RLBUILD_S3_ATTEMPTS") or S3_ATTEMPTS))
 

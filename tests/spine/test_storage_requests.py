@@ -3,6 +3,7 @@ loopback proxy in front of the moto server, never timed."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,16 @@ def test_a_failed_listing_ahead_fails_the_first_question(tmp_path: Path, monkeyp
     inventory.list_ahead()
     with pytest.raises(storage.StorageUnavailableError, match="did not answer"):
         inventory.get(f"{tmp_path}/launch/v1.identity.json")
+
+
+def test_short_storage_waits_hold_for_their_block_only_and_never_over_a_users_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RLBUILD_S3_ATTEMPTS", raising=False)
+    monkeypatch.setenv("RLBUILD_S3_READ_TIMEOUT_S", "45")  # the user's own
+    with storage.waits({"RLBUILD_S3_ATTEMPTS": "1", "RLBUILD_S3_READ_TIMEOUT_S": "3"}):
+        assert storage.deadline_s() == 1 * (storage.CONNECT_TIMEOUT_S + 45) + 1
+    assert "RLBUILD_S3_ATTEMPTS" not in os.environ
+    assert storage.deadline_s() == storage.S3_ATTEMPTS * (storage.CONNECT_TIMEOUT_S + 45) + 2 ** (
+        storage.S3_ATTEMPTS - 1
+    )

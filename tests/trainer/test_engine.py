@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,13 @@ from trainer.workers.batch import build_batch
 from trainer.workers.engines import SamplingParams, TorchEngine
 from trainer.workers.policy import forward_logprobs
 from trainer.workers.sharding import free_port
+
+
+@pytest.fixture(autouse=True)
+def loopback_choice_undone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests play a weight-sync actor in the test's own process: the loopback interface an actor picks for
+    its process (weight_sync.prefer_loopback) is undone after each."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
 
 
 @pytest.fixture(scope="module")
