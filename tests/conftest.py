@@ -60,20 +60,24 @@ def _prebuild(wanted: str) -> threading.Thread | None:
     return thread
 
 
-# Variables pytest sets per test, and those Snakemake's S3 storage plugin sets when it is first imported.
-SET_BY_OTHERS = frozenset(
-    {"PYTEST_CURRENT_TEST", "AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"}
-)
+# The variables that steer rlbuild, its storage and its process groups (libraries set others of their own on a
+# first import, torch's TORCHINDUCTOR_CACHE_DIR among them); Snakemake's S3 plugin sets two on its import.
+STEERING = ("RLBUILD_", "SNAKEMAKE_", "AWS_", "GLOO_", "MASTER_", "HF_", "CUDA_")
+SET_ON_IMPORT = frozenset({"AWS_REQUEST_CHECKSUM_CALCULATION", "AWS_RESPONSE_CHECKSUM_VALIDATION"})
+
+
+def _steering() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(STEERING) and k not in SET_ON_IMPORT}
 
 
 @pytest.fixture(autouse=True)
 def environment_left_as_found() -> Iterator[None]:
-    """A test leaves its worker's environment as it found it (monkeypatch's changes are undone before this
-    looks): a variable left behind reaches every later test of the worker, and a storage wait of 3 s left by
-    an in-process `rlbuild status` once failed an unrelated upload on a loaded machine."""
-    before = {name: value for name, value in os.environ.items() if name not in SET_BY_OTHERS}
+    """A test leaves its worker's steering variables as it found them (monkeypatch's changes are undone before
+    this looks): one left behind reaches every later test of the worker, and a storage wait of 3 s left by an
+    in-process `rlbuild status` once failed an unrelated upload on a loaded machine."""
+    before = _steering()
     yield
-    after = {name: value for name, value in os.environ.items() if name not in SET_BY_OTHERS}
+    after = _steering()
     if after == before:
         return
     changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
