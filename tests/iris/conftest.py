@@ -49,7 +49,9 @@ def snakemake_env(iris: LocalIris, home: Path, extra: dict[str, str] | None = No
 
 
 def fast_flags(*, cpu_pool: bool = True) -> list[str]:
-    flags = ["--seconds-between-status-checks", "1", "--iris-status-interval", "1", "--iris-join-timeout", "120"]
+    # A gang's join waits 600 s, not the default 1800: a gang restarted after a killed node once took more than 120 s
+    # on a loaded 2-core box (rank 1's `ray start` missed Ray's 30 s raylet registration once, and was started again).
+    flags = ["--seconds-between-status-checks", "1", "--iris-status-interval", "1", "--iris-join-timeout", "600"]
     return [*flags, "--iris-cpu-pool", "cpu"] if cpu_pool else flags
 
 
