@@ -1,0 +1,141 @@
+"""Hostile Harbor tasks and agents on the `local` backend, played through the real sandbox (bubblewrap) and Harbor's
+own verifier: each attack on the boundary between the sandbox and the host (a link, a hard link or a swapped folder
+where the host copies files in or out) is refused or contained, the host is as it was, and a refusal is the
+episode's error."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlbuild.contracts.recipe import SandboxSection
+from rlbuild.contracts.rows import task_row
+from trainer.agents.harbor_task import HarborTask
+from trainer.sandbox import SandboxError
+from trainer.sandbox.task import HarborSandbox, open_task_sandbox
+
+SPEC = SandboxSection(backend="local", command_timeout_s=5, episode_timeout_s=30)
+HOST = "host's own bytes\n"
+
+
+def _task(root: Path) -> Path:
+    """A task whose verifier sources a helper from a subfolder of tests/ and rewards 1 when /app/done exists."""
+    task = root / "hostile"
+    for folder in ("environment/files", "tests/lib"):
+        (task / folder).mkdir(parents=True)
+    (task / "instruction.md").write_text("Create /app/done.\n")
+    (task / "task.toml").write_text('schema_version = "1.4"\n\n[verifier]\ntimeout_sec = 10.0\n')
+    (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\nCOPY files/ /app/\n")
+    (task / "environment" / "files" / "readme").write_text("hello\n")
+    (task / "tests" / "lib" / "helper.sh").write_text("done_file=/app/done\n")
+    test = task / "tests" / "test.sh"
+    test.write_text(
+        '#!/bin/sh\n. /tests/lib/helper.sh\nif [ -e "$done_file" ]; then echo 1; else echo 0; fi '
+        "> /logs/verifier/reward.txt\n"
+    )
+    test.chmod(0o755)
+    return task
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    """A host folder the sandbox must never write or read: a file and a folder holding one."""
+    folder = tmp_path / "host"
+    (folder / "inner").mkdir(parents=True)
+    (folder / "secret").write_text(HOST)
+    (folder / "inner" / "reward.txt").write_text("1\n")  # a reward the agent would like the host to read back
+    folder.chmod(0o755)
+    tmp_path.chmod(0o755)  # a root trainer's sandbox runs as another user: the attack is the host's copy, not its
+    return folder
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[HarborSandbox]:
+    with open_task_sandbox(SPEC, _task(tmp_path / "task")) as opened:
+        yield opened
+
+
+def _host_is_as_it_was(host: Path) -> None:
+    assert sorted(p.relative_to(host).as_posix() for p in host.rglob("*")) == ["inner", "inner/reward.txt", "secret"]
+    assert (host / "secret").read_text() == HOST and not (host / "secret").is_symlink()
+    assert (host / "inner" / "reward.txt").read_text() == "1\n"
+
+
+def _run(sandbox: HarborSandbox, command: str) -> None:
+    result = sandbox.run(command)
+    assert result.exit_code == 0, result
+
+
+def test_a_test_script_replaced_by_a_link_to_a_host_file_is_replaced_not_written_through(
+    sandbox: HarborSandbox, host: Path
+) -> None:
+    _run(sandbox, f"ln -s {shlex.quote(str(host / 'secret'))} /tests/test.sh && touch /app/done")
+    try:
+        assert sandbox.verify() == 1.0  # the task's own test.sh ran
+    finally:
+        _host_is_as_it_was(host)  # old code: the secret was overwritten with test.sh, as root
+
+
+def test_a_tests_subfolder_replaced_by_a_link_to_a_host_folder_is_replaced_not_written_into(
+    sandbox: HarborSandbox, host: Path
+) -> None:
+    _run(sandbox, f"ln -s {shlex.quote(str(host))} /tests/lib")
+    try:
+        assert sandbox.verify() == 0.0
+    finally:
+        _host_is_as_it_was(host)  # old code: helper.sh was written into the host folder
+
+
+def test_what_the_agent_left_in_tests_is_gone_when_the_verifier_runs(sandbox: HarborSandbox) -> None:
+    # A file the agent planted (a pytest conftest.py, say), and a hard link from the agent's own file to the name
+    # the task's test.sh is uploaded to: the upload writes a new file, never through the agent's inode.
+    _run(sandbox, "echo planted > /tests/conftest.py && echo mine > /tests/mine && ln /tests/mine /tests/test.sh")
+    assert sandbox.verify() == 0.0
+    assert sandbox.run("ls /tests").output.split() == ["lib", "test.sh"]
+
+
+def test_a_hard_link_never_reaches_beyond_its_own_bind(sandbox: HarborSandbox) -> None:
+    """Documents what holds hard links in (true before crossing.py too): link(2) does not cross mount points, and
+    every writable place of the sandbox (each Harbor place, the image's folders, /work) and the read-only /usr is a
+    mount of its own, so a hard link names a file of the same bind."""
+    said = sandbox.run("ln /usr/bin/env /tests/env; ln /app/readme /tests/readme; ln /app/readme /logs/r").output
+    assert said.count("Invalid cross-device link") == 3, said
+
+
+def test_a_link_in_the_verifiers_results_is_refused_and_its_target_never_copied(
+    sandbox: HarborSandbox, host: Path
+) -> None:
+    _run(sandbox, f"ln -s {shlex.quote(str(host / 'secret'))} /logs/verifier/leak && touch /app/done")
+    with pytest.raises(SandboxError, match=r"Failed to download verifier directory .*/logs/verifier/leak \(a link\)"):
+        sandbox.verify()
+    results = sandbox.trial_paths.verifier_dir
+    assert not (results / "leak").exists() and HOST not in _contents(results)
+    _host_is_as_it_was(host)
+
+
+def test_the_results_folder_replaced_by_a_link_to_a_host_folder_is_refused(sandbox: HarborSandbox, host: Path) -> None:
+    _run(sandbox, f"rm -rf /logs/verifier && ln -s {shlex.quote(str(host / 'inner'))} /logs/verifier")
+    with pytest.raises(SandboxError, match=r"the sandbox left /logs/verifier \(a link\)"):
+        sandbox.verify()  # old code: the host's inner/reward.txt was copied and read back as the reward, 1.0
+    assert not (sandbox.trial_paths.verifier_dir / "reward.txt").exists()
+    _host_is_as_it_was(host)
+
+
+def test_a_refused_copy_is_the_episodes_error_through_the_harbor_environment(tmp_path: Path, host: Path) -> None:
+    row = task_row(_task(tmp_path / "task"))
+    episode = HarborTask({}, {**row, "sandbox_spec": SPEC, "max_turns": 2})
+    try:
+        episode.init(row["prompt"])
+        episode.step(f"ln -s {shlex.quote(str(host / 'secret'))} /logs/verifier/leak")
+        with pytest.raises(SandboxError, match="leak"):
+            episode.verify()  # the episode player records it as the episode's error (`_fail("verify", ...)`)
+    finally:
+        episode.close()
+    _host_is_as_it_was(host)
+
+
+def _contents(folder: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
