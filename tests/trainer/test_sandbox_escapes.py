@@ -6,13 +6,14 @@ episode's error."""
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
-from rlbuild.contracts.rows import task_row
+from rlbuild.contracts.rows import HarborTaskError, task_row, task_rows
 from trainer.agents.harbor_task import HarborTask
 from trainer.sandbox import SandboxError
 from trainer.sandbox.task import HarborSandbox, open_task_sandbox
@@ -139,3 +140,26 @@ def test_a_refused_copy_is_the_episodes_error_through_the_harbor_environment(tmp
 
 def _contents(folder: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("source", ["{host}/secret", "../../../../../../../..{host}/secret"])
+def test_a_dockerfile_copy_from_outside_its_build_context_is_refused_before_the_sandbox_starts(
+    tmp_path: Path, host: Path, source: str
+) -> None:
+    task = _task(tmp_path / "task")
+    dockerfile = task / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + f"COPY {source.format(host=host)} /app/\n")
+    # old code: the sandbox started and `cat /app/secret` read the host's file
+    with pytest.raises(SandboxError, match=rf"'hostile': {dockerfile} line 4: COPY source .*secret"):
+        open_task_sandbox(SPEC, task)
+
+
+@pytest.mark.parametrize("link", ["environment/files/readme", "tests/test.sh", "tests/lib"])
+def test_a_link_in_a_task_folder_is_refused_by_staging_naming_it(tmp_path: Path, host: Path, link: str) -> None:
+    task = _task(tmp_path / "task")
+    path = task / link
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.symlink_to(host / "secret" if "." in path.name else host)
+    # old code: the host's file (or folder) was read into the row, and from there into storage and a sandbox
+    with pytest.raises(HarborTaskError, match=rf"{path}: is a symbolic link \(to '{host}.*`cp -L`"):
+        task_rows(task)

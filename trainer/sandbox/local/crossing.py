@@ -39,7 +39,7 @@ class CrossingError(SandboxError):
     """A copy out of a sandbox met a link or a special file where the host reads: the sandbox's own doing."""
 
 
-def put(source: Path, root: Path, inside: PurePosixPath, *, into: bool = False, fresh: bool = False) -> None:
+def copy_in(source: Path, root: Path, inside: PurePosixPath, *, into: bool = False, fresh: bool = False) -> None:
     """Copy the host's `source` (a file, or a folder's contents) to `inside` (relative to the bind whose host side
     is `root`), as Docker's COPY does: a file to `inside`, or into it when `into` or it is a folder. `fresh`: the
     folder `inside` is emptied first, so it holds the source's files alone, never one the sandbox left."""
@@ -60,7 +60,7 @@ def put(source: Path, root: Path, inside: PurePosixPath, *, into: bool = False, 
             _put_file(source, parent, name)
 
 
-def get(root: Path, inside: PurePosixPath, target: Path, shown: str) -> None:
+def copy_out(root: Path, inside: PurePosixPath, target: Path, shown: str) -> None:
     """Copy the sandbox's file or folder at `inside` (relative to the bind whose host side is `root`; `shown`: its
     path in the sandbox, for messages) to the host path `target` (a folder's contents into the folder `target`); a
     link or special file on the way is refused, after the rest is copied."""

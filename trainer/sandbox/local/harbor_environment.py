@@ -28,8 +28,8 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from rlbuild.contracts.recipe import BUILDING_BACKENDS, SandboxSection
 from rlbuild.contracts.rows import LocalImage, local_image
 from trainer.sandbox import SandboxError
-from trainer.sandbox.local import crossing
 from trainer.sandbox.local.bubblewrap import LocalSandbox, hand_over
+from trainer.sandbox.local.crossing import copy_in, copy_out
 
 # Harbor's places in a sandbox (harbor/models/trial/paths.py EnvironmentPaths), besides the task's own.
 HARBOR_PLACES = ("/logs", "/tests", "/solution")
@@ -68,7 +68,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         self.binds = binds
         for source, destination in self.image.copies:
             root, inside = self._place(destination)
-            crossing.put(Path(self.environment_dir) / source, root, inside, into=destination.endswith("/"))
+            copy_in(Path(self.environment_dir) / source, root, inside, into=destination.endswith("/"))
         root, inside = self._place(self.image.workdir)
         (root / inside).mkdir(parents=True, exist_ok=True)  # nothing runs in the sandbox yet
         for place in ("agent", "verifier", "artifacts"):  # Harbor's trials make these before an agent runs
@@ -106,17 +106,17 @@ class BubblewrapEnvironment(BaseEnvironment):
         return ExecResult(stdout=result.output, stderr=result.note or None, return_code=code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        crossing.put(Path(source_path), *self._place(target_path))
+        copy_in(Path(source_path), *self._place(target_path))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         fresh = PurePosixPath(target_dir) in map(PurePosixPath, TASK_PLACES)
-        crossing.put(Path(source_dir), *self._place(target_dir), fresh=fresh)
+        copy_in(Path(source_dir), *self._place(target_dir), fresh=fresh)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        crossing.get(*self._place(source_path), Path(target_path), source_path)
+        copy_out(*self._place(source_path), Path(target_path), source_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        crossing.get(*self._place(source_dir), Path(target_dir), source_dir)
+        copy_out(*self._place(source_dir), Path(target_dir), source_dir)
 
     def _place(self, path: str) -> tuple[Path, PurePosixPath]:
         """The bind a sandbox path lies in (its host side) and the path relative to it."""
@@ -140,6 +140,8 @@ def _image(task: Path) -> LocalImage:
             f"Harbor task {task.name!r} cannot run on the local backend: {image}; run it on one of "
             f"{', '.join(BUILDING_BACKENDS)}"
         )
+    if image.problems:
+        raise SandboxError(f"Harbor task {task.name!r}: " + "; ".join(map(str, image.problems)))
     return image
 
 
