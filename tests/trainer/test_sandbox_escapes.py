@@ -5,6 +5,7 @@ episode's error."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 from collections.abc import Iterator
@@ -163,3 +164,16 @@ def test_a_link_in_a_task_folder_is_refused_by_staging_naming_it(tmp_path: Path,
     # old code: the host's file (or folder) was read into the row, and from there into storage and a sandbox
     with pytest.raises(HarborTaskError, match=rf"{path}: is a symbolic link \(to '{host}.*`cp -L`"):
         task_rows(task)
+
+
+def test_a_folder_swapped_for_a_link_while_the_host_copies_never_redirects_it(
+    sandbox: HarborSandbox, host: Path
+) -> None:
+    # A process the agent left running swaps /tests/lib between a folder and a link to the host for as long as the
+    # verifier runs: each component the host opens is opened without following, whichever it finds.
+    swap = f"while :; do rm -rf /tests/lib; ln -sfn {shlex.quote(str(host))} /tests/lib; mkdir /tests/lib; done"
+    _run(sandbox, f"( {swap} ) >/dev/null 2>&1 &")
+    for _ in range(5):
+        with contextlib.suppress(Exception):  # the host's copy may meet the link and fail: never follow it
+            sandbox.verify()
+        _host_is_as_it_was(host)
