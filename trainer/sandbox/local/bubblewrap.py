@@ -6,6 +6,10 @@ What holds each limit:
 - files: the only writable host path is the episode's folder (/work); /usr is bound read-only (bwrap binds it
   nosuid and sets no_new_privs), /tmp and /dev/shm are private tmpfs; the sandbox's own root and /dev are remounted
   read-only, so those three are all it can write; /etc, /home, /root and the host's /proc are absent.
+- tmpfs memory: /tmp and /dev/shm each hold at most half of memory_mb (bwrap's --size): their pages are host
+  memory no process's address space counts.
+- kernel surface: no user namespace can be made inside (bwrap's --disable-userns): `unshare -r` would give a
+  process uid 0 over a namespace of its own, and the kernel code that comes with it, which no task needs.
 - network: a network namespace of its own, holding only its own loopback.
 - environment: bwrap starts with an empty environment and --clearenv; the shell sees PATH and HOME only.
 - processes (max_processes): RLIMIT_NPROC, counted per user in the sandbox's user namespace (the sandbox's
@@ -102,10 +106,12 @@ def bwrap_argv(spec: SandboxSection, folder: Path, *options: str, binds: Mapping
         raise SandboxError(f"environment.sandbox.backend local sets its limits with {PRLIMIT}: install util-linux")
     return [
         bwrap(),
-        *("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+        *("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"),
+        *("--cap-drop", "ALL"),
         *("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"),
         *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
-        *("--proc", "/proc", "--dev", "/dev", *(option for place in WRITABLE for option in ("--tmpfs", place))),
+        *("--proc", "/proc", "--dev", "/dev"),
+        *(option for place in WRITABLE for option in ("--size", str(tmpfs_bytes(spec)), "--tmpfs", place)),
         *("--bind", str(folder), WORK),
         *(option for target, source in (binds or {}).items() for option in ("--bind", str(source), target)),
         *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK),
@@ -117,6 +123,11 @@ def bwrap_argv(spec: SandboxSection, folder: Path, *options: str, binds: Mapping
         f"--fsize={spec.max_file_bytes}",
         "--",
     ]
+
+
+def tmpfs_bytes(spec: SandboxSection) -> int:
+    """What each of the sandbox's tmpfs (WRITABLE) may hold: half of memory_mb, so both together hold memory_mb."""
+    return (spec.memory_mb << 20) // len(WRITABLE)
 
 
 def as_sandbox_user(folder: Path) -> dict[str, Any]:
