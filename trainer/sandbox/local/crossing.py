@@ -117,10 +117,12 @@ def _put_file(source: Path, folder: int, name: str) -> None:
     with open(source, "rb") as data:
         _remove(folder, name)
         # O_EXCL: a name the sandbox filled again since the removal fails here rather than being written through.
-        fd = os.open(name, _WRITE, stat.S_IMODE(os.fstat(data.fileno()).st_mode), dir_fd=folder)
+        fd = os.open(name, _WRITE, os.fstat(data.fileno()).st_mode & 0o777, dir_fd=folder)  # no setuid, sticky
         with _closing(fd):
             while chunk := data.read(CHUNK):
-                os.write(fd, chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             _give(fd)
 
 
