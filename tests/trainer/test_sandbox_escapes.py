@@ -6,17 +6,21 @@ episode's error."""
 from __future__ import annotations
 
 import contextlib
+import glob
+import os
 import shlex
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.contracts.rows import HarborTaskError, task_row, task_rows
 from trainer.agents.harbor_task import HarborTask
 from trainer.sandbox import SandboxError
+from trainer.sandbox.local.bubblewrap import LocalSandbox, bwrap
 from trainer.sandbox.task import HarborSandbox, open_task_sandbox
 
 SPEC = SandboxSection(backend="local", command_timeout_s=5, episode_timeout_s=30)
@@ -177,3 +181,100 @@ def test_a_folder_swapped_for_a_link_while_the_host_copies_never_redirects_it(
         with contextlib.suppress(Exception):  # the host's copy may meet the link and fail: never follow it
             sandbox.verify()
         _host_is_as_it_was(host)
+
+
+def _local(sandbox: HarborSandbox) -> LocalSandbox:
+    local = sandbox.environment.sandbox
+    assert isinstance(local, LocalSandbox)
+    return local
+
+
+def _alive_besides_init_and_shell(local: LocalSandbox) -> list[str]:
+    """The command lines of the sandbox's live processes but its init and shell, read from the host."""
+    namespace = os.readlink(f"/proc/{local.init_pid}/ns/pid")
+    found = []
+    for link in glob.glob("/proc/[0-9]*/ns/pid"):
+        pid = int(link.split("/")[2])
+        with contextlib.suppress(OSError, psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            if os.readlink(link) == namespace and process.status() != psutil.STATUS_ZOMBIE:
+                found.append((pid, " ".join(process.cmdline())))
+    return sorted(line for pid, line in found if pid not in (local.init_pid, local._shell))
+
+
+def test_the_sandboxs_proc_lists_its_own_processes_only_and_names_no_host_path(sandbox: HarborSandbox) -> None:
+    listing = sandbox.run(r"cd /proc && for p in [0-9]*; do echo $p $(tr '\0' ' ' < $p/cmdline); done").output
+    lines = listing.splitlines()
+    assert lines[0].startswith("1 bwrap --args ") and len(lines) < 10, listing  # no host process is listed
+    assert str(sandbox.trial_paths.trial_dir) not in listing, listing  # old code: bwrap's argv bound it at /app...
+    assert bwrap() not in listing and "pytest" not in listing, listing
+    assert "/tmp" in sandbox.run("tr '\\0' ' ' < /proc/1/environ; echo /tmp").output  # it reads /proc/1: no error
+
+
+def _verifier_sees(task: Path, script: str) -> None:
+    test = task / "tests" / "test.sh"
+    test.write_text(script)
+    test.chmod(0o755)
+
+
+def test_processes_an_action_left_running_are_dead_before_the_verifier_runs(tmp_path: Path) -> None:
+    task = _task(tmp_path / "task")
+    # The verifier records what runs beside it; a process still there could rewrite /tests or /logs/verifier.
+    _verifier_sees(
+        task, "#!/bin/sh\nfor p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done > /logs/verifier/seen\n"
+        "echo 0 > /logs/verifier/reward.txt\n",
+    )  # fmt: skip
+    with open_task_sandbox(SPEC, task) as sandbox:
+        left = "sleep 1001 & setsid sleep 1002 & ( ( sleep 1003 & ) & ) ; ( trap '' HUP TERM; sleep 1004 ) &"
+        # and one that would swap the verifier's script for its own the moment the host uploads it
+        cheat = "while :; do [ -s /tests/test.sh ] && echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; done"
+        _run(sandbox, f"echo {shlex.quote(cheat)} > /tmp/cheat.sh; {left} sh /tmp/cheat.sh >/dev/null 2>&1 & true")
+        assert len(_alive_besides_init_and_shell(_local(sandbox))) == 5
+        assert sandbox.verify() == 0.0  # the task's own verifier ran, untouched
+        seen = (sandbox.trial_paths.verifier_dir / "seen").read_text()
+        assert "sleep" not in seen and "cheat" not in seen, seen  # old code: sleep 1001..1004 ran beside it
+        assert _alive_besides_init_and_shell(_local(sandbox)) == []
+
+
+def test_processes_the_verifier_left_running_are_dead_before_its_results_are_copied_out(
+    tmp_path: Path, host: Path
+) -> None:
+    task = _task(tmp_path / "task")
+    # The verifier leaves a process swapping a result for a link to a host file while the host copies results.
+    swap = f"while :; do ln -sfn {shlex.quote(str(host / 'secret'))} /logs/verifier/x; rm -f /logs/verifier/x; done"
+    _verifier_sees(task, f"#!/bin/sh\necho 1 > /logs/verifier/reward.txt\nsetsid sh -c '{swap}' >/dev/null 2>&1 &\n")
+    with open_task_sandbox(SPEC, task) as sandbox:
+        for _ in range(3):
+            assert sandbox.verify() == 1.0  # old code: now and then the copy met the link, and the episode failed
+            assert _alive_besides_init_and_shell(_local(sandbox)) == []  # old code: the swapping loop
+            assert HOST not in _contents(sandbox.trial_paths.verifier_dir)
+    _host_is_as_it_was(host)
+
+
+def test_a_hard_link_to_a_file_outside_work_fails(tmp_path: Path, host: Path) -> None:
+    """link(2) never crosses a mount: the read-only /usr, /proc (whose /proc/1/exe is the host's bwrap binary) and
+    each writable bind are mounts of their own, and no other host file has a name in the sandbox."""
+    with open_task_sandbox(SPEC, _task(tmp_path / "task")) as sandbox:
+        targets = ["/usr/bin/env", "/proc/1/exe", "/proc/self/exe", f"{host}/secret", "/app/readme"]
+        said = sandbox.run("; ".join(f"ln {target} /work/link{n}" for n, target in enumerate(targets))).output
+        assert said.count("Invalid cross-device link") == 4 and "No such file" in said, said
+        assert sandbox.run("ls -A /work").output == ""
+    _host_is_as_it_was(host)
+
+
+def test_a_verifier_writing_outside_its_results_folder_changes_no_host_file_and_nothing_is_copied(
+    tmp_path: Path, host: Path
+) -> None:
+    task = _task(tmp_path / "task")
+    places = ["/tests", "/app", "/work", "/tmp", "/logs/agent", "/logs", "/", "/usr", str(host), str(tmp_path)]
+    writes = "".join(f"echo pwned > {shlex.quote(place)}/pwned 2>/dev/null\n" for place in places)
+    _verifier_sees(task, f"#!/bin/sh\n{writes}echo 1 > /logs/verifier/reward.txt\n")
+    with open_task_sandbox(SPEC, task) as sandbox:
+        trial = sandbox.trial_paths.trial_dir
+        assert sandbox.verify() == 1.0
+        written = sorted(p.relative_to(trial).as_posix() for p in trial.rglob("pwned"))
+        # only into the sandbox's own folders (the host sides of its binds, under sandbox/), never the trial's
+        assert all(path.startswith("sandbox/") for path in written), written
+        assert sorted(p.name for p in sandbox.trial_paths.verifier_dir.iterdir()) == ["reward.txt", "test-stdout.txt"]
+    _host_is_as_it_was(host)
+    assert not list(tmp_path.glob("pwned")) and not Path("/pwned").exists() and not Path("/usr/pwned").exists()

@@ -106,17 +106,28 @@ class BubblewrapEnvironment(BaseEnvironment):
         return ExecResult(stdout=result.output, stderr=result.note or None, return_code=code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        self._settle()
         copy_in(Path(source_path), *self._place(target_path))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         fresh = PurePosixPath(target_dir) in map(PurePosixPath, TASK_PLACES)
+        self._settle()
         copy_in(Path(source_dir), *self._place(target_dir), fresh=fresh)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        self._settle()
         copy_out(*self._place(source_path), Path(target_path), source_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        self._settle()
         copy_out(*self._place(source_dir), Path(target_dir), source_dir)
+
+    def _settle(self) -> None:
+        """Before the host copies into or out of the sandbox (Harbor's verifier uploads tests/ first, so before the
+        verifier runs, and downloads its results last): no process an action or the verifier left running is alive
+        to change what the copy reads or writes, or what the verifier sees."""
+        if self.sandbox is not None:
+            self.sandbox.kill_others()
 
     def _place(self, path: str) -> tuple[Path, PurePosixPath]:
         """The bind a sandbox path lies in (its host side) and the path relative to it."""
