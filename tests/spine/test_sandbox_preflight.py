@@ -206,6 +206,25 @@ def test_a_local_dockerfile_copies_from_its_build_context_only_each_refusal_a_li
     assert [next(i for i, fix in enumerate(fixes) if f"; {fix}" in line) for line in copies] == [0, 1, 1, 0, 0]
 
 
+def test_a_task_whose_test_script_is_a_link_is_refused_by_check_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "host-script.sh"
+    outside.write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
+    tasks = _tasks(tmp_path / "set", "FROM ubuntu:24.04\nWORKDIR /app\n", "FROM ubuntu:24.04\nWORKDIR /app\n")
+    script = tasks / "task1" / "tests" / "test.sh"
+    script.unlink()
+    script.symlink_to(outside)  # old code: passed check, and staging read the host's script into the row
+    doc = _agent({"backend": "local"})
+    doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["check", str(path), "--version", "2026.09.21", "--storage-root", str(tmp_path / "r")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "data.validation.0.source" in line]
+    assert len(lines) == 1 and f": {script}: is a symbolic link (to '{outside}')" in lines[0], lines
+    assert "`cp -L`" in lines[0]
+
+
 def test_harbor_is_judged_in_the_runtime_the_nodes_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DAYTONA_API_KEY", "dk-test")
     doc = _agent({"backend": "daytona", "max_concurrent": 4})
