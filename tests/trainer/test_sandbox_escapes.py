@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shlex
 import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -278,3 +282,41 @@ def test_a_verifier_writing_outside_its_results_folder_changes_no_host_file_and_
         assert sorted(p.name for p in sandbox.trial_paths.verifier_dir.iterdir()) == ["reward.txt", "test-stdout.txt"]
     _host_is_as_it_was(host)
     assert not list(tmp_path.glob("pwned")) and not Path("/pwned").exists() and not Path("/usr/pwned").exists()
+
+
+def test_an_attack_through_the_replay_command_leaves_the_host_as_it_was_and_is_the_episodes_error(
+    tmp_path: Path,
+) -> None:
+    from rlbuild.contracts.tinymodel import AGENT_VARIANT
+    from rlbuild.dev.launches import SPLITS, write_test_launch
+    from trainer import tiny
+
+    tasks = tmp_path / "tasks"
+    (_task(tasks) / "instruction.md").write_text("go\n")
+    data = {split: [{"source": f"harbor:{tasks}", "revision": "v1"}] for split in SPLITS}
+    # The tiny agent model's language (config/experiments/tiny-harbor.yaml): 128 positions, `|` ends a turn.
+    environment = {"env_class": "harbor", "max_turns": 1, "turn_stop": "|", "max_context_tokens": 128}
+    environment["env_config"] = {"template": ">{output}|", "max_chars": 20, "compact": True, "action_suffix": "|"}
+    generator = {"max_prompt_length": 16, "sampling_params": {"max_generate_length": 100}}
+    recipe = {"environment": {**environment, "sandbox": {"backend": "local"}}, "generator": generator}
+    model = tmp_path / "model"  # the tiny agent model untrained: the actions come from the file, not from it
+    tokenizer = tiny.build_tokenizer(AGENT_VARIANT)
+    tiny.build_model(tokenizer, seed=0, variant=AGENT_VARIANT).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    launch = write_test_launch(tmp_path / "launch", data=data, recipe=recipe, model_dir=model)
+    # A host path short enough for the model's positions: the host's own /tmp, not the sandbox's.
+    host = Path(tempfile.mkdtemp(prefix="h", dir="/tmp"))
+    try:
+        (host / "s").write_text(HOST)
+        actions = tmp_path / "actions.txt"
+        # attack 1 (the verifier's upload writing through /tests/test.sh) and 4 (a link in its results)
+        actions.write_text(f"cd /tests;ln -s {host}/s test.sh;ln -s {host}/s /logs/verifier/l\n")
+        command = [sys.executable, "-m", "trainer", "episode", "--launch", str(launch), "--row", "0", "--actions"]
+        result = subprocess.run([*command, str(actions), "--json"], capture_output=True, text=True, timeout=120)
+        assert (host / "s").read_text() == HOST and [p.name for p in host.iterdir()] == ["s"]
+        assert result.returncode == 0, result.stderr
+        replayed = json.loads(result.stdout)
+        assert replayed["turns"][0]["action"].startswith("cd /tests;ln -s"), replayed  # played whole
+        assert "/logs/verifier/l (a link)" in (replayed["error"] or ""), replayed
+    finally:
+        shutil.rmtree(host)
