@@ -17,6 +17,9 @@ What holds each limit:
   trainer starts bwrap as an unprivileged uid; prlimit sets the limit inside, after bwrap made the namespace,
   as a limit set before would also count every other process of that uid on the host.
 - memory (memory_mb): RLIMIT_AS of every process; file size (max_file_bytes): RLIMIT_FSIZE.
+- processes seen: /proc is the sandbox's own PID namespace's; bwrap, its PID 1, reads its options from a pipe
+  (--args) under the bare name `bwrap`, so /proc/1/cmdline names no host folder (/proc/1/exe and
+  /proc/self/mountinfo still name host paths, never give their contents).
 - time: the sandbox has a PID namespace whose init is bwrap; killing that init makes the kernel kill every
   process in it, however it forked or detached, so a command past its deadline ends the whole sandbox.
 

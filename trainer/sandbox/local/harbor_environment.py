@@ -6,7 +6,8 @@ base.py). This one lays the task's image out from what its Dockerfile says (rlbu
 `local_image`: WORKDIR, COPY, ENV; the base image's programs are the host's) in host folders bound at those paths
 in the sandbox, with Harbor's own places (/logs, /tests, /solution) beside them; uploads and downloads are copies
 between host folders, since every writable path of the sandbox is one, made by crossing.py so that no link, hard
-link or swapped folder the sandbox made redirects them; an upload to /tests or /solution replaces what the agent
+link or swapped folder the sandbox made redirects them, and only once every process an action or the verifier
+left running is killed, so none races them; an upload to /tests or /solution replaces what the agent
 left there, so the verifier runs the task's own tests. A task whose Dockerfile needs building is refused when the
 environment is made (and, for the whole task set, by preflight before a run starts).
 
