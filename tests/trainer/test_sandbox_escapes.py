@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -240,19 +241,24 @@ def test_processes_an_action_left_running_are_dead_before_the_verifier_runs(tmp_
         assert _alive_besides_init_and_shell(_local(sandbox)) == []
 
 
-def test_processes_the_verifier_left_running_are_dead_before_its_results_are_copied_out(
-    tmp_path: Path, host: Path
-) -> None:
+def test_processes_the_verifier_left_running_are_dead_before_its_results_are_copied_out(tmp_path: Path) -> None:
     task = _task(tmp_path / "task")
-    # The verifier leaves a process swapping a result for a link to a host file while the host copies results.
-    swap = f"while :; do ln -sfn {shlex.quote(str(host / 'secret'))} /logs/verifier/x; rm -f /logs/verifier/x; done"
-    _verifier_sees(task, f"#!/bin/sh\necho 1 > /logs/verifier/reward.txt\nsetsid sh -c '{swap}' >/dev/null 2>&1 &\n")
+    # The verifier leaves a process writing to its results for as long as it lives (one swapping a result for a
+    # link to a host file, as above, would race the copy the same way).
+    writer = "while :; do echo tick >> /logs/verifier/ticks; done"
+    wait = "until [ -s /logs/verifier/ticks ]; do :; done"  # the verifier ends once the writer has begun
+    _verifier_sees(
+        task, f"#!/bin/sh\necho 1 > /logs/verifier/reward.txt\nsetsid sh -c '{writer}' >/dev/null 2>&1 &\n{wait}\n"
+    )
     with open_task_sandbox(SPEC, task) as sandbox:
         for _ in range(3):
-            assert sandbox.verify() == 1.0  # old code: now and then the copy met the link, and the episode failed
-            assert _alive_besides_init_and_shell(_local(sandbox)) == []  # old code: the swapping loop
-            assert HOST not in _contents(sandbox.trial_paths.verifier_dir)
-    _host_is_as_it_was(host)
+            assert sandbox.verify() == 1.0
+            assert _alive_besides_init_and_shell(_local(sandbox)) == []  # old code: the writing loop
+            time.sleep(0.1)
+            copied = (sandbox.trial_paths.verifier_dir / "ticks").stat().st_size
+            # what the host copied is what the sandbox holds after it: nothing wrote during or after the copy
+            assert sandbox.run("wc -c < /logs/verifier/ticks").output.strip() == str(copied)
+            assert copied > 0
 
 
 def test_a_hard_link_to_a_file_outside_work_fails(tmp_path: Path, host: Path) -> None:
