@@ -13,11 +13,18 @@ or a folder of them.
 Staging reads them without Harbor (tomllib and the files): each row carries the whole task folder, so the trainer
 rebuilds it byte for byte where the episode runs, and Harbor's own task loader and verifier run it there.
 
+A task folder is data: a symbolic link in it (a file or a folder) is refused, never followed (`task_problems`),
+since staging would read whatever it names on the staging machine into the rows, and from there into storage and
+a provider's sandbox.
+
 A sandbox backend that builds no image (recipe.py `IMAGELESS_BACKENDS`) runs a task whose Dockerfile only names a
 base image and copies files from its context (FROM, WORKDIR, COPY, ENV, ARG, LABEL, USER, CMD, ENTRYPOINT), on the
 node's own programs.
 `local_image` says what such a Dockerfile sets up, or why a task needs a real build (a RUN line, a compose file,
-a prebuilt image), for preflight to refuse before a GPU is allocated.
+a prebuilt image), for preflight to refuse before a GPU is allocated. A COPY source resolves inside the build
+context (environment/) as an image build resolves it: an absolute source is relative to the context's root; one
+that leaves the context (`..`), names nothing there or passes through a link is one of the image's `problems`,
+with its line, since on a backend that builds no image the host itself would copy it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shlex
 import tomllib
 from collections.abc import Iterable, Iterator
@@ -124,16 +132,30 @@ LOCAL_INSTRUCTIONS = frozenset({"FROM", "WORKDIR", "COPY", "ENV", "ARG", "LABEL"
 
 
 class HarborTaskError(RowError):
-    """A Harbor task folder that cannot be a row: a file missing, a task.toml that does not parse."""
+    """A Harbor task folder that cannot be a row: a file missing, a task.toml that does not parse, a link."""
+
+
+@dataclass(frozen=True)
+class TaskProblem:
+    """One thing wrong in a task folder: where (a path, and its line where there is one), why, and the fix."""
+
+    where: str
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.why}; {self.fix}"
 
 
 @dataclass
 class LocalImage:
-    """What a Dockerfile honoured without building sets up: the working folder, variables, copied files."""
+    """What a Dockerfile honoured without building sets up: the working folder, variables, copied files; and the
+    COPY lines refused (`problems`): an image with any must not be laid out."""
 
     workdir: str = "/app"
     env: dict[str, str] = field(default_factory=dict)
     copies: list[tuple[str, str]] = field(default_factory=list)  # (path in environment/, absolute destination)
+    problems: list[TaskProblem] = field(default_factory=list)
 
 
 def task_folders(root: Path) -> list[Path]:
@@ -149,19 +171,52 @@ def task_folders(root: Path) -> list[Path]:
     return found
 
 
-def task_problems(task: Path) -> list[str]:
-    """What keeps a task folder from being a row, one sentence each."""
-    problems = [f"task {task.name!r} has no {name}" for name in (INSTRUCTION, VERIFIER) if not (task / name).is_file()]
+def task_problems(task: Path) -> list[TaskProblem]:
+    """What keeps a task folder from being a row, each with its path and fix."""
+    needed = "each task folder needs instruction.md, task.toml and tests/test.sh (`harbor init` writes them)"
+    problems = [
+        TaskProblem(str(task / name), "missing", needed)
+        for name in (INSTRUCTION, VERIFIER)
+        if not (task / name).is_file()
+    ]
     try:
         tomllib.loads((task / TASK_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        problems.append(f"task {task.name!r}: {TASK_FILE} does not parse ({error})")
-    return problems
+        problems.append(TaskProblem(str(task / TASK_FILE), f"does not parse ({error})", "write it as TOML"))
+    _, strange = _task_files(task)
+    return problems + strange
+
+
+def _task_files(task: Path) -> tuple[list[Path], list[TaskProblem]]:
+    """A task folder's files, walked without following a link (os.walk descends into no linked folder); and each
+    entry that is neither a file nor a folder (a link, a FIFO, a device), as a problem."""
+    files, problems = [], []
+    if task.is_symlink():
+        return [], [_link_problem(task)]
+    for parent, folders, names in os.walk(task):
+        for name in sorted(folders + names):
+            path = Path(parent) / name
+            if path.is_symlink():
+                problems.append(_link_problem(path))
+            elif path.is_file():
+                files.append(path)
+            elif not path.is_dir():
+                why = "is neither a file nor a folder (a FIFO, socket or device)"
+                problems.append(TaskProblem(str(path), why, "take it out of the task folder"))
+    return sorted(files), problems
+
+
+def _link_problem(path: Path) -> TaskProblem:
+    why = f"is a symbolic link (to {os.readlink(path)!r}): a task folder is data, and staging never follows a link"
+    return TaskProblem(str(path), why, "replace the link with a copy of what it names (`cp -L`), or take it out")
 
 
 def task_row(task: Path) -> dict[str, Any]:
     """One task as a row: its instruction is the prompt, its verifier the reward (no answer column to compare)."""
-    files = {path.relative_to(task).as_posix(): path.read_bytes() for path in sorted(task.rglob("*")) if path.is_file()}
+    paths, problems = _task_files(task)
+    if problems:
+        raise HarborTaskError("; ".join(map(str, problems)))
+    files = {path.relative_to(task).as_posix(): path.read_bytes() for path in paths}
     return {
         "prompt": files[INSTRUCTION].decode("utf-8").rstrip(),  # the file's last newline is not the instruction's
         "answer": None,
@@ -180,7 +235,7 @@ def task_rows(root: Path) -> list[dict[str, Any]]:
     tasks = task_folders(root)
     problems = [problem for task in tasks for problem in task_problems(task)]
     if problems:
-        raise HarborTaskError(f"harbor:{root}: " + "; ".join(problems))
+        raise HarborTaskError(f"harbor:{root}: " + "; ".join(map(str, problems)))
     return [task_row(task) for task in tasks]
 
 
@@ -225,11 +280,42 @@ def local_image(task: Path) -> LocalImage | str:
             image.env.update(_env_pairs(argument))
         elif instruction == "COPY":
             words = shlex.split(argument)
-            if any(word.startswith("--from") for word in words) or len(words) < 2:
+            paths = [word for word in words if not word.startswith("--")]  # --chown, --chmod: settings
+            if any(word.startswith("--from") for word in words) or len(paths) < 2:
                 return f"its Dockerfile copies from another image ({DOCKERFILE} line {number})"
-            destination = str(PurePosixPath(image.workdir) / words[-1])
-            image.copies += [(source, destination) for source in words[:-1]]
+            # A trailing slash says "into this folder", as in an image build: PurePosixPath would drop it.
+            destination = str(PurePosixPath(image.workdir) / paths[-1]) + "/" * paths[-1].endswith("/")
+            for source in paths[:-1]:
+                inside = _in_context(dockerfile.parent, source)
+                if isinstance(inside, str):
+                    image.copies.append((inside, destination))
+                else:
+                    image.problems.append(TaskProblem(f"{dockerfile} line {number}", *inside))
     return image
+
+
+def _in_context(context: Path, source: str) -> str | tuple[str, str]:
+    """A COPY source as a path in the build context, as an image build resolves it (an absolute one from the context's
+    root), or (why, fix) when it leaves the context, passes through a link, or names nothing there."""
+    kept: list[str] = []
+    for part in PurePosixPath(source).parts:
+        if part == "..":
+            if not kept:
+                why = f"COPY source {source!r} leaves the build context (environment/), which an image build never does"
+                return why, "put the file in the task's environment/ folder and name it relative to that folder"
+            kept.pop()
+        elif part not in ("/", "."):
+            kept.append(part)
+    path = context
+    for part in kept:
+        path /= part
+        if path.is_symlink():
+            why = f"COPY source {source!r} passes through the link {path.relative_to(context.parent)}"
+            return why, "replace the link with a copy of what it names"
+    if not path.exists():
+        why = f"COPY source {source!r} names nothing in the build context (environment/{'/'.join(kept)})"
+        return why, "add it to environment/ or correct the name (wildcards are not expanded without an image build)"
+    return "/".join(kept) or "."
 
 
 def _instructions(text: str) -> list[tuple[int, str, str]]:

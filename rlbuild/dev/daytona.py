@@ -194,6 +194,8 @@ class DaytonaStandIn:
             image = local_image(task)
             if isinstance(image, str):
                 raise _Refused(400, f"the stand-in builds no image, and {image}")
+            if image.problems:
+                raise _Refused(400, "; ".join(map(str, image.problems)))
             for name in TOP_FOLDERS:
                 (root / name).mkdir(parents=True, exist_ok=True)
             _inside(root, image.workdir).mkdir(parents=True, exist_ok=True)

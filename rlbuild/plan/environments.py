@@ -28,6 +28,7 @@ from rlbuild.contracts.recipe import BUILDING_BACKENDS, HARBOR_EXTRA, IMAGELESS_
 from rlbuild.contracts.rows import (
     HarborTaskError,
     LocalImage,
+    TaskProblem,
     local_image,
     task_folders,
     task_problems,
@@ -278,9 +279,9 @@ def check_harbor_runtime(experiment: Experiment, recipe: Recipe, nodes: NodeRunt
 
 
 def check_harbor_tasks(experiment: Experiment, recipe: Recipe) -> list[Violation]:
-    """Every task of every `harbor:` source is a task, and one the sandbox backend can run: on a backend that
-    builds no image, a task whose Dockerfile needs a build (a RUN line, a compose file, a prebuilt image) is
-    refused."""
+    """Every task of every `harbor:` source is a task (no link in its folder), and one the sandbox backend can run:
+    on a backend that builds no image, a task whose Dockerfile needs a build (a RUN line, a compose file, a
+    prebuilt image) is refused, and so is a COPY from outside its build context. One line per problem."""
     sandbox = recipe.environment.sandbox
     building = ", ".join(BUILDING_BACKENDS)
     out: list[Violation] = []
@@ -293,11 +294,8 @@ def check_harbor_tasks(experiment: Experiment, recipe: Recipe) -> list[Violation
         except HarborTaskError as error:
             out.append(Violation(field, str(error)))
             continue
-        problems = [problem for task in tasks for problem in task_problems(task)]
-        if problems:
-            fix = "each task folder needs instruction.md, task.toml and tests/test.sh (`harbor init` writes them)"
-            out.append(Violation(field, f"{source}: {'; '.join(problems)}", fix))
-            continue
+        problems = {task: task_problems(task) for task in tasks}
+        out += _listed(field, str(source), [problem for found in problems.values() for problem in found])
         if sandbox is None:
             message = f"{source}: a Harbor task runs its commands and verifier in a sandbox, and recipe.environment."
             message += "sandbox is null"
@@ -305,8 +303,18 @@ def check_harbor_tasks(experiment: Experiment, recipe: Recipe) -> list[Violation
             fix += "for tasks that build nothing)"
             out.append(Violation(field, message, fix))
         elif not SANDBOX_PROVIDERS[sandbox.backend].builds_images:
-            images = [(task.name, local_image(task)) for task in tasks]
+            images = [(task.name, local_image(task)) for task, found in problems.items() if not found]
             out += _unbuildable(field, str(source), sandbox.backend, images)
+            refused = [problem for _, image in images if isinstance(image, LocalImage) for problem in image.problems]
+            out += _listed(field, str(source), refused)
+    return out
+
+
+def _listed(field: str, source: str, problems: list[TaskProblem]) -> list[Violation]:
+    """One line per problem (its path and line, why, the fix), the first LISTED_TASKS of them and a count."""
+    out = [Violation(field, f"{problem.where}: {problem.why}", problem.fix) for problem in problems[:LISTED_TASKS]]
+    if len(problems) > LISTED_TASKS:
+        out.append(Violation(field, f"and {len(problems) - LISTED_TASKS} more problems in the tasks of {source}"))
     return out
 
 

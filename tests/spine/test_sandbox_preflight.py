@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from rlbuild.cli import main
+from rlbuild.contracts.rows import LocalImage, local_image
 from rlbuild.core.errors import Violation
 from rlbuild.plan.environments import check_concurrency, check_harbor_runtime
 from rlbuild.plan.noderuntime import NodeRuntime, locked_version, node_runtime
@@ -135,6 +136,7 @@ def test_turns_that_outgrow_the_models_positions_are_refused_unless_the_context_
 def test_harbor_tasks_the_local_backend_cannot_build_are_refused_each_by_name(tmp_path: Path) -> None:
     copies = "FROM ubuntu:24.04\nWORKDIR /app\nCOPY key.txt .\n"
     tasks = _tasks(tmp_path / "set", copies, "FROM ubuntu:24.04\nRUN apt-get -y install git\n")
+    (tasks / "task0" / "environment" / "key.txt").write_text("42\n")
     doc = _agent({"backend": "local"})
     doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
     _, found = check_experiment(parse_experiment(doc, "t"))
@@ -151,8 +153,76 @@ def test_harbor_tasks_the_local_backend_cannot_build_are_refused_each_by_name(tm
     (no_sandbox,) = check_experiment(parse_experiment(doc, "t"))[1]
     assert "runs its commands and verifier in a sandbox, and recipe.environment.sandbox is null" in no_sandbox.message
     (tasks / "task0" / "tests" / "test.sh").unlink()
-    (broken,) = check_experiment(parse_experiment(doc, "t"))[1]
-    assert broken.message == f"harbor:{tasks}: task 'task0' has no tests/test.sh"
+    broken, no_sandbox_still = check_experiment(parse_experiment(doc, "t"))[1]  # every problem at once
+    assert broken.message == f"{tasks}/task0/tests/test.sh: missing" and no_sandbox_still == no_sandbox
+
+
+def test_a_local_dockerfile_copies_from_its_build_context_only_each_refusal_a_line_with_its_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "host-secret"
+    outside.write_text("the host's\n")
+    dockerfile = (
+        "FROM ubuntu:24.04\nWORKDIR /app\nCOPY key.txt /files/key.txt ./\nCOPY --chown=1:1 /key.txt sub/../key.txt "
+        f"/opt/\nCOPY {outside} /app/\nCOPY ../../../../../..{outside} /app/\nCOPY files/../../x missing *.txt /a/\n"
+    )
+    tasks = _tasks(tmp_path / "set", dockerfile)
+    context = tasks / "task0" / "environment"
+    (context / "files").mkdir()
+    for name in ("key.txt", "files/key.txt"):
+        (context / name).write_text("42\n")
+    image = local_image(tasks / "task0")
+    assert isinstance(image, LocalImage)
+    # Docker's resolution: an absolute source is from the context's root, `..` inside it stays inside.
+    assert image.copies == [("key.txt", "/app/"), ("files/key.txt", "/app/")] + [("key.txt", "/opt/")] * 2
+    where = f"{context}/Dockerfile line"
+    assert [(p.where, p.why) for p in image.problems] == [
+        (f"{where} 5", f"COPY source {str(outside)!r} names nothing in the build context (environment{outside})"),
+        (f"{where} 6", f"COPY source '../../../../../..{outside}' leaves the build context (environment/), which "
+         "an image build never does"),
+        (f"{where} 7", "COPY source 'files/../../x' leaves the build context (environment/), which an image build "
+         "never does"),
+        (f"{where} 7", "COPY source 'missing' names nothing in the build context (environment/missing)"),
+        (f"{where} 7", "COPY source '*.txt' names nothing in the build context (environment/*.txt)"),
+    ]  # fmt: skip
+    assert image.problems[1].fix == "put the file in the task's environment/ folder and name it relative to that folder"
+
+    # `rlbuild check`: one line per problem, all at once, exit 2; a link in a task folder too (any backend).
+    (tasks / "task1").mkdir()
+    for name in ("instruction.md", "task.toml", "tests"):
+        (tasks / "task1" / name).symlink_to(tasks / "task0" / name)
+    doc = _agent({"backend": "local"})
+    doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["check", str(path), "--version", "2026.09.21", "--storage-root", str(tmp_path / "r")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "data.validation.0.source" in line]
+    links, copies = lines[:3], lines[3:]
+    assert all("is a symbolic link" in line and "`cp -L`" in line for line in links), lines
+    names = ("instruction.md", "task.toml", "tests")
+    assert [line.split(": ", 2)[1] for line in links] == [str(tasks / "task1" / name) for name in names]
+    assert [line.split(": ", 2)[1] for line in copies] == [f"{where} {n}" for n in (5, 6, 7, 7, 7)]
+    fixes = ["add it to environment/ or correct the name", "put the file in the task's environment/ folder"]
+    assert [next(i for i, fix in enumerate(fixes) if f"; {fix}" in line) for line in copies] == [0, 1, 1, 0, 0]
+
+
+def test_a_task_whose_test_script_is_a_link_is_refused_by_check_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outside = tmp_path / "host-script.sh"
+    outside.write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
+    tasks = _tasks(tmp_path / "set", "FROM ubuntu:24.04\nWORKDIR /app\n", "FROM ubuntu:24.04\nWORKDIR /app\n")
+    script = tasks / "task1" / "tests" / "test.sh"
+    script.unlink()
+    script.symlink_to(outside)  # old code: passed check, and staging read the host's script into the row
+    doc = _agent({"backend": "local"})
+    doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["check", str(path), "--version", "2026.09.21", "--storage-root", str(tmp_path / "r")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "data.validation.0.source" in line]
+    assert len(lines) == 1 and f": {script}: is a symbolic link (to '{outside}')" in lines[0], lines
+    assert "`cp -L`" in lines[0]
 
 
 def test_harbor_is_judged_in_the_runtime_the_nodes_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -204,6 +204,20 @@ def test_memory_past_the_limit_fails_inside_and_the_sandbox_lives_on() -> None:
         assert sandbox.run("echo alive").output == "alive\n"
 
 
+def test_the_tmpfs_hold_at_most_half_of_memory_mb_each() -> None:
+    spec = SPEC.model_copy(update={"memory_mb": 32, "max_file_bytes": 64 << 20})
+    with open_sandbox(spec, {}) as sandbox:
+        for place in ("/tmp", "/dev/shm"):
+            result = sandbox.run(f"head -c 20000000 /dev/zero > {place}/fill")
+            assert result.exit_code != 0 and "No space left on device" in result.output, result
+            assert sandbox.run(f"wc -c < {place}/fill").output.strip() == str(16 << 20)
+
+
+def test_no_user_namespace_can_be_made_inside(sandbox: LocalSandbox) -> None:
+    result = sandbox.run("unshare -r id")
+    assert result.exit_code != 0 and "uid=0" not in result.output, result
+
+
 def test_the_host_environment_is_not_visible(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rlbuild-fake-secret")
     with open_sandbox(SPEC, {}) as sandbox:

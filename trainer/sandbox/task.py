@@ -101,7 +101,17 @@ class HarborSandbox(ClosedOnExit):
     def verify(self) -> float:
         """The task's verifier, as Harbor runs it after an agent: its `reward` (or its only value)."""
         verifier = self._verifier_class(task=self.task, trial_paths=self.trial_paths, environment=self.environment)
-        rewards = self._call(verifier.verify(), self.task.config.verifier.timeout_sec).rewards or {}
+        try:
+            rewards = self._call(verifier.verify(), self.task.config.verifier.timeout_sec).rewards or {}
+        except SandboxError:
+            raise
+        except Exception as error:
+            # Harbor's errors say which step failed and keep why in their cause (a link the sandbox left where the
+            # host copies results from, say): the episode's error carries both.
+            if error.__cause__ is None:
+                raise
+            cause = f"{type(error.__cause__).__name__}: {error.__cause__}"
+            raise SandboxError(f"task {self.task.short_name!r}: {error} ({cause})") from error
         if "reward" in rewards:
             return float(rewards["reward"])
         if len(rewards) == 1:

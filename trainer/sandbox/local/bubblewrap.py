@@ -6,6 +6,10 @@ What holds each limit:
 - files: the only writable host path is the episode's folder (/work); /usr is bound read-only (bwrap binds it
   nosuid and sets no_new_privs), /tmp and /dev/shm are private tmpfs; the sandbox's own root and /dev are remounted
   read-only, so those three are all it can write; /etc, /home, /root and the host's /proc are absent.
+- tmpfs memory: /tmp and /dev/shm each hold at most half of memory_mb (bwrap's --size): their pages are host
+  memory no process's address space counts.
+- kernel surface: no user namespace can be made inside (bwrap's --disable-userns): `unshare -r` would give a
+  process uid 0 over a namespace of its own, and the kernel code that comes with it, which no task needs.
 - network: a network namespace of its own, holding only its own loopback.
 - environment: bwrap starts with an empty environment and --clearenv; the shell sees PATH and HOME only.
 - processes (max_processes): RLIMIT_NPROC, counted per user in the sandbox's user namespace (the sandbox's
@@ -13,6 +17,9 @@ What holds each limit:
   trainer starts bwrap as an unprivileged uid; prlimit sets the limit inside, after bwrap made the namespace,
   as a limit set before would also count every other process of that uid on the host.
 - memory (memory_mb): RLIMIT_AS of every process; file size (max_file_bytes): RLIMIT_FSIZE.
+- processes seen: /proc is the sandbox's own PID namespace's; bwrap, its PID 1, reads its options from a pipe
+  (--args) under the bare name `bwrap`, so /proc/1/cmdline names no host folder (/proc/1/exe and
+  /proc/self/mountinfo still name host paths, never give their contents).
 - time: the sandbox has a PID namespace whose init is bwrap; killing that init makes the kernel kill every
   process in it, however it forked or detached, so a command past its deadline ends the whole sandbox.
 
@@ -98,25 +105,59 @@ def bwrap() -> str:
 def bwrap_argv(spec: SandboxSection, folder: Path, *options: str, binds: Mapping[str, Path] | None = None) -> list[str]:
     """bwrap with `options` and the spec's limits, up to the command to run in the sandbox; `binds` puts host
     folders (inside the episode's folder) at other absolute paths too, as a task's image lays out its files."""
-    if not Path(PRLIMIT).is_file():
-        raise SandboxError(f"environment.sandbox.backend local sets its limits with {PRLIMIT}: install util-linux")
+    return [bwrap(), *bwrap_options(spec, folder, *options, binds=binds), *limits(spec)]
+
+
+def bwrap_options(
+    spec: SandboxSection, folder: Path, *options: str, binds: Mapping[str, Path] | None = None
+) -> list[str]:
+    """bwrap's options for the sandbox (see bwrap_argv): what names host paths."""
     return [
-        bwrap(),
-        *("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+        *("--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"),
+        *("--cap-drop", "ALL"),
         *("--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"),
         *("--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"),
-        *("--proc", "/proc", "--dev", "/dev", *(option for place in WRITABLE for option in ("--tmpfs", place))),
+        *("--proc", "/proc", "--dev", "/dev"),
+        *(option for place in WRITABLE for option in ("--size", str(tmpfs_bytes(spec)), "--tmpfs", place)),
         *("--bind", str(folder), WORK),
         *(option for target, source in (binds or {}).items() for option in ("--bind", str(source), target)),
         *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORK),
         *("--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK),
         *options,
+    ]
+
+
+def limits(spec: SandboxSection) -> list[str]:
+    """The spec's limits, set inside the sandbox by prlimit, up to the command it runs."""
+    if not Path(PRLIMIT).is_file():
+        raise SandboxError(f"environment.sandbox.backend local sets its limits with {PRLIMIT}: install util-linux")
+    return [
         PRLIMIT,
         f"--as={spec.memory_mb << 20}",
         f"--nproc={spec.max_processes}",
         f"--fsize={spec.max_file_bytes}",
         "--",
     ]
+
+
+def hidden_options(options: list[str]) -> tuple[list[str], int]:
+    """bwrap's command line with its options read from a pipe (`--args`, whose read end is returned, for the
+    caller to pass and close) and its argv[0] a bare name: the sandbox's init is a bwrap process, and its
+    /proc/1/cmdline, which the sandbox reads, would otherwise name the bwrap binary and every bound host folder."""
+    data = b"".join(option.encode() + b"\0" for option in options)
+    read, write = os.pipe()
+    try:
+        with os.fdopen(write, "wb") as pipe:  # a few KB: the pipe holds it all before bwrap reads
+            pipe.write(data)
+    except BaseException:
+        os.close(read)
+        raise
+    return ["bwrap", "--args", str(read)], read
+
+
+def tmpfs_bytes(spec: SandboxSection) -> int:
+    """What each of the sandbox's tmpfs (WRITABLE) may hold: half of memory_mb, so both together hold memory_mb."""
+    return (spec.memory_mb << 20) // len(WRITABLE)
 
 
 def as_sandbox_user(folder: Path) -> dict[str, Any]:
@@ -175,23 +216,27 @@ class LocalSandbox(ClosedOnExit):
         # The shell starts with default signal actions, as a reset's restart gives it: a trainer started under
         # `nohup` (SIGHUP ignored, inherited through bwrap) otherwise failed every reset's check against it.
         shell = ["/usr/bin/env", "--default-signal", "/bin/sh"]
-        argv = [*bwrap_argv(spec, folder, "--info-fd", str(info_write), binds=binds), *shell]
+        executable = bwrap()
+        head, options = hidden_options(bwrap_options(spec, folder, "--info-fd", str(info_write), binds=binds))
+        argv = [*head, *limits(spec), *shell]
         try:
             self._process = subprocess.Popen(
                 argv,
+                executable=executable,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(info_write,),
+                pass_fds=(info_write, options),
                 env={},
                 start_new_session=True,
                 **as_sandbox_user(folder),
             )
         except OSError as error:
             os.close(info_read)
-            raise SandboxError(f"{argv[0]} could not be started: {error}{_AS_ROOT}") from None
+            raise SandboxError(f"{executable} could not be started: {error}{_AS_ROOT}") from None
         finally:
             os.close(info_write)
+            os.close(options)
         for pipe in (self._process.stdin, self._process.stdout):
             assert pipe is not None
             os.set_blocking(pipe.fileno(), False)  # a write to a busy shell must wait in select, under a deadline
@@ -286,6 +331,31 @@ class LocalSandbox(ClosedOnExit):
         write_files(self.folder, files)
         hand_over(self.folder)
         self.timings.start_s += time.monotonic() - began
+
+    def kill_others(self) -> None:
+        """SIGKILL, from the host, every process of the sandbox but its init and shell (what an agent's command
+        left running: in the background, in a session of its own, forked twice), and return once none is left, so
+        nothing in the sandbox acts while the host copies in or out of it. The sandbox's PID namespace names them
+        all, whoever their parent; each is signalled through a handle, after checking it is still in that namespace,
+        so a host process that reused a pid is never signalled. A sandbox whose processes will not die is closed."""
+        if self._ended:
+            return
+        namespace = os.readlink(f"/proc/{self._shell}/ns/pid")
+        for _ in range(REAP_TRIES):
+            others = [pid for pid in _in_namespace(namespace) if pid not in (self.init_pid, self._shell)]
+            if not others:
+                return
+            for pid in others:
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    handle = os.pidfd_open(pid)
+                    try:
+                        if os.readlink(f"/proc/{pid}/ns/pid") == namespace:
+                            signal.pidfd_send_signal(handle, signal.SIGKILL)
+                    finally:
+                        os.close(handle)
+            time.sleep(0.001)
+        self.close()
+        raise SandboxError(f"processes of the sandbox outlived {REAP_TRIES} rounds of SIGKILL; it was closed")
 
     def _restart(self, marker: str) -> str:
         """What the old shell is typed to restart: one line, so nothing after it is left in the old shell's
@@ -450,6 +520,24 @@ def _open_up(function: Callable[[str], object], path: str, error: BaseException)
     back, so the episode's folder still goes."""
     os.chmod(os.path.dirname(path), 0o700)
     function(path)
+
+
+def _in_namespace(namespace: str) -> list[int]:
+    """Host pids of the live processes of a PID namespace (`namespace`: its /proc/PID/ns/pid link); a zombie is
+    dead, and waits for its parent alone."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry.name}/ns/pid") != namespace:
+                continue
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone while listed, or another user's
+        if state not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
 
 
 def _children(pid: int) -> list[int]:

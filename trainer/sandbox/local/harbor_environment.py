@@ -5,8 +5,11 @@ Harbor drives an environment through `start`, `exec`, `upload_*`, `download_*` a
 base.py). This one lays the task's image out from what its Dockerfile says (rlbuild/contracts/rows.py
 `local_image`: WORKDIR, COPY, ENV; the base image's programs are the host's) in host folders bound at those paths
 in the sandbox, with Harbor's own places (/logs, /tests, /solution) beside them; uploads and downloads are copies
-between host folders, since every writable path of the sandbox is one. A task whose Dockerfile needs building is
-refused when the environment is made (and, for the whole task set, by preflight before a run starts).
+between host folders, since every writable path of the sandbox is one, made by crossing.py so that no link, hard
+link or swapped folder the sandbox made redirects them, and only once every process an action or the verifier
+left running is killed, so none races them; an upload to /tests or /solution replaces what the agent
+left there, so the verifier runs the task's own tests. A task whose Dockerfile needs building is refused when the
+environment is made (and, for the whole task set, by preflight before a run starts).
 
 The sandbox's limits are the recipe's (`environment.sandbox`); the command's `user` is not honoured (one
 unprivileged user runs everything, verifier included), nor a network: the sandbox has none.
@@ -27,9 +30,12 @@ from rlbuild.contracts.recipe import BUILDING_BACKENDS, SandboxSection
 from rlbuild.contracts.rows import LocalImage, local_image
 from trainer.sandbox import SandboxError
 from trainer.sandbox.local.bubblewrap import LocalSandbox, hand_over
+from trainer.sandbox.local.crossing import copy_in, copy_out
 
 # Harbor's places in a sandbox (harbor/models/trial/paths.py EnvironmentPaths), besides the task's own.
 HARBOR_PLACES = ("/logs", "/tests", "/solution")
+# Where Harbor uploads the task's own files (its tests before the verifier runs): the agent may have written there.
+TASK_PLACES = ("/tests", "/solution")
 TIMED_OUT = 124  # what `timeout` answers: Harbor's callers read a command past its limit as this code
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -62,8 +68,10 @@ class BubblewrapEnvironment(BaseEnvironment):
             source.mkdir(parents=True, exist_ok=True)
         self.binds = binds
         for source, destination in self.image.copies:
-            _copy(Path(self.environment_dir) / source, self._host(destination), into=destination.endswith("/"))
-        self._host(self.image.workdir).mkdir(parents=True, exist_ok=True)
+            root, inside = self._place(destination)
+            copy_in(Path(self.environment_dir) / source, root, inside, into=destination.endswith("/"))
+        root, inside = self._place(self.image.workdir)
+        (root / inside).mkdir(parents=True, exist_ok=True)  # nothing runs in the sandbox yet
         for place in ("agent", "verifier", "artifacts"):  # Harbor's trials make these before an agent runs
             (binds["/logs"] / place).mkdir(exist_ok=True)
         (self.folder / "work").mkdir(exist_ok=True)
@@ -99,29 +107,38 @@ class BubblewrapEnvironment(BaseEnvironment):
         return ExecResult(stdout=result.output, stderr=result.note or None, return_code=code)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        _copy(Path(source_path), self._host(target_path), into=False)
-        hand_over(self.folder)
+        self._settle()
+        copy_in(Path(source_path), *self._place(target_path))
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        _copy(Path(source_dir), self._host(target_dir), into=False)
-        hand_over(self.folder)
+        fresh = PurePosixPath(target_dir) in map(PurePosixPath, TASK_PLACES)
+        self._settle()
+        copy_in(Path(source_dir), *self._place(target_dir), fresh=fresh)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self._host(source_path), target_path)
+        self._settle()
+        copy_out(*self._place(source_path), Path(target_path), source_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        shutil.copytree(self._host(source_dir), target_dir, dirs_exist_ok=True)
+        self._settle()
+        copy_out(*self._place(source_dir), Path(target_dir), source_dir)
 
-    def _host(self, path: str) -> Path:
-        """The host path of a sandbox path under one of the bound places."""
+    def _settle(self) -> None:
+        """Before the host copies into or out of the sandbox (Harbor's verifier uploads tests/ first, so before the
+        verifier runs, and downloads its results last): no process an action or the verifier left running is alive
+        to change what the copy reads or writes, or what the verifier sees."""
+        if self.sandbox is not None:
+            self.sandbox.kill_others()
+
+    def _place(self, path: str) -> tuple[Path, PurePosixPath]:
+        """The bind a sandbox path lies in (its host side) and the path relative to it."""
         inside = PurePosixPath(path)
         for place, source in self.binds.items():
             if inside == PurePosixPath(place) or PurePosixPath(place) in inside.parents:
                 relative = inside.relative_to(place)
                 if ".." in relative.parts:
                     break
-                return source / relative
+                return source, relative
         raise SandboxError(
             f"{path} is outside the sandbox's writable places ({', '.join(self.binds)}): the local backend cannot "
             "put files there"
@@ -135,24 +152,14 @@ def _image(task: Path) -> LocalImage:
             f"Harbor task {task.name!r} cannot run on the local backend: {image}; run it on one of "
             f"{', '.join(BUILDING_BACKENDS)}"
         )
+    if image.problems:
+        raise SandboxError(f"Harbor task {task.name!r}: " + "; ".join(map(str, image.problems)))
     return image
 
 
 def _top(path: str) -> str:
     parts = PurePosixPath(path).parts
     return "/" + parts[1] if len(parts) > 1 else "/"
-
-
-def _copy(source: Path, target: Path, *, into: bool) -> None:
-    """Docker's COPY: a folder's contents into the target folder; a file to the target, or into it when the target
-    is a folder (or named as one)."""
-    if source.is_dir():
-        shutil.copytree(source, target, dirs_exist_ok=True)
-        return
-    if into or target.is_dir():
-        target = target / source.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(source, target)
 
 
 def _expandable(value: str) -> str:
