@@ -191,12 +191,7 @@ def test_a_local_dockerfile_copies_from_its_build_context_only_each_refusal_a_li
     (tasks / "task1").mkdir()
     for name in ("instruction.md", "task.toml", "tests"):
         (tasks / "task1" / name).symlink_to(tasks / "task0" / name)
-    doc = _agent({"backend": "local"})
-    doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    assert main(["check", str(path), "--version", "2026.09.21", "--storage-root", str(tmp_path / "r")]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if "data.validation.0.source" in line]
+    lines = _refused_by_check(tasks, tmp_path, capsys)
     links, copies = lines[:3], lines[3:]
     assert all("is a symbolic link" in line and "`cp -L`" in line for line in links), lines
     names = ("instruction.md", "task.toml", "tests")
@@ -215,12 +210,7 @@ def test_a_task_whose_test_script_is_a_link_is_refused_by_check_naming_it(
     script = tasks / "task1" / "tests" / "test.sh"
     script.unlink()
     script.symlink_to(outside)  # old code: passed check, and staging read the host's script into the row
-    doc = _agent({"backend": "local"})
-    doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    assert main(["check", str(path), "--version", "2026.09.21", "--storage-root", str(tmp_path / "r")]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if "data.validation.0.source" in line]
+    lines = _refused_by_check(tasks, tmp_path, capsys)
     assert len(lines) == 1 and f": {script}: is a symbolic link (to '{outside}')" in lines[0], lines
     assert "`cp -L`" in lines[0]
 
@@ -309,3 +299,14 @@ def test_a_daytona_plan_checks_for_iris_where_harbor_cannot_be_imported(tmp_path
     assert iris.returncode == 0, iris.stderr
     assert "  nodes run      set up from uv.lock with extra harbor for linux/x86_64 (" in iris.stdout
     assert "  sandbox        daytona: 4 episodes at once (4 per engine x 1 engine(s)), cap 6" in iris.stdout
+
+
+def _refused_by_check(tasks: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """`rlbuild check` of a local-backend agent experiment validated on the Harbor task set `tasks`: it exits 2,
+    and these are its lines about that source."""
+    doc = _agent({"backend": "local"})
+    doc["data"]["validation"] = [{"source": f"harbor:{tasks}", "revision": "v1"}]
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["check", str(path), "--version", "2026.09.21", "--storage-root", str(tmp_path / "r")]) == 2
+    return [line for line in capsys.readouterr().err.splitlines() if "data.validation.0.source" in line]
