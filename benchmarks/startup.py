@@ -90,7 +90,11 @@ def main() -> None:
                 runs[name].append(train_once(launch))
     floor = statistics.median(floors)
     columns = [*MILESTONES, "exit"]
-    rows = {name: {key: statistics.median(r[key] for r in done) for key in columns} for name, done in runs.items()}
+    # A layout whose roles live in the trainer's own process starts no Ray: its "Ray up" is not reached (None).
+    rows = {
+        name: {key: statistics.median(r[key] for r in done) if key in done[0] else None for key in columns}
+        for name, done in runs.items()
+    }
     if args.json:
         out: dict[str, object] = {"imports_s": round(floor, 2), "repeats": args.repeats, "layouts": rows}
         if "colocated" in rows:
@@ -102,7 +106,7 @@ def main() -> None:
     print(f"seconds from the process start, median of {args.repeats}; floor: `{FLOOR}` {floor:.2f} s")
     print(f"{'layout':<10}" + "".join(f"{label:>15}" for label in labels) + f"{'first step / floor':>20}")
     for name, row in rows.items():
-        cells = "".join(f"{row[key]:>15.2f}" for key in columns)
+        cells = "".join(f"{'-' if row[key] is None else f'{row[key]:.2f}':>15}" for key in columns)
         print(f"{name:<10}{cells}{row['step'] / floor:>19.2f}x")
 
 

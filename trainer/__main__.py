@@ -31,7 +31,8 @@ def _run(args: argparse.Namespace) -> int:
 
     launch = load_launch(str(args.launch))
     continuation.listen()  # before anything slow
-    if not storage.exists(args.terminal or launch.artifacts.terminal_manifest_uri):  # else loop.run refuses
+    to_train = not storage.exists(args.terminal or launch.artifacts.terminal_manifest_uri)  # else loop.run refuses
+    if to_train and not cluster.in_process(launch):
         # Ray's services start, and its workers import the actors' modules, while this process imports the
         # loop's torch and transformers (seconds each, on the way to the first step either way).
         cluster.connect_for(launch)

@@ -39,8 +39,8 @@ METRIC_KEYS = {
 LR = 3e-4
 
 
-def trainer(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+def trainer(*args: str, timeout: float = 300, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_vars}
     return subprocess.run(
         [sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
@@ -62,25 +62,40 @@ def _metrics(doc: dict) -> list[dict]:
 def test_train_then_export_then_eval(tmp_path: Path) -> None:
     # Two optimizer steps (update epochs) per global step; warmup over the first two.
     optimizer = {"lr": LR, "num_warmup_steps": 2}
-    launch = write_test_launch(
-        tmp_path,
-        recipe={
-            "trainer": {
-                "max_steps": 3,
-                "ckpt_interval": 2,
-                "eval_before_train": True,
-                "policy": {"optimizer_config": optimizer},
-            }
-        },
-        retention={"resume_checkpoint_count": 1},
-    )
+    recipe = {
+        "trainer": {
+            "max_steps": 3,
+            "ckpt_interval": 2,
+            "eval_before_train": True,
+            "policy": {"optimizer_config": optimizer},
+        }
+    }
+    launch = write_test_launch(tmp_path, recipe=recipe, retention={"resume_checkpoint_count": 1})
     doc = _doc(launch)
     result = trainer("run", "--launch", str(launch))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "\x1b[" not in result.stdout + result.stderr  # not a terminal: no colour codes (Ray's worker lines)
+    # One rank with its engine: the roles live in the trainer's process, and no Ray starts.
+    assert "in the trainer's process" in result.stdout
     started = startup.read_summary(result.stdout)  # the milestones, once, in the order they are reached
-    assert started is not None and list(started) == list(startup.MILESTONES), result.stdout[-3000:]
+    assert started is not None and list(started) == [m for m in startup.MILESTONES if m != "ray"], result.stdout
     assert list(started.values()) == sorted(started.values()) and result.stdout.count("start-up:") == 1
+
+    # The same job on a private Ray (its rank in a Ray worker): the same training, bit for bit.
+    on_ray = write_test_launch(tmp_path / "on-ray", recipe=recipe, retention={"resume_checkpoint_count": 1})
+    ray_result = trainer("run", "--launch", str(on_ray), RLBUILD_TRAINER_RAY="always")
+    assert ray_result.returncode == 0, ray_result.stderr[-3000:]
+    assert "\x1b[" not in ray_result.stdout + ray_result.stderr  # not a terminal: no colour codes (Ray's worker lines)
+    assert list(startup.read_summary(ray_result.stdout) or {}) == list(startup.MILESTONES)
+    assert "in the trainer's process" not in ray_result.stdout
+
+    def trained(run: dict) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in _metrics(run)]
+
+    assert trained(_doc(on_ray)) == trained(doc)
+    final = [
+        Path(d["artifacts"]["checkpoint_root"]) / "global_step_3/policy/model.safetensors" for d in (doc, _doc(on_ray))
+    ]
+    assert final[0].read_bytes() == final[1].read_bytes()
     terminal = json.loads(Path(doc["artifacts"]["terminal_manifest_uri"]).read_text())
     assert terminal["global_step"] == 3
     assert terminal["hf_path"] == f"{doc['artifacts']['checkpoint_root']}/global_step_3/policy"

@@ -32,6 +32,9 @@ from trainer.workers import startup
 # driver needs none of the last two.
 ACTOR_IMPORTS = ["trainer.workers.placement", "transformers.modeling_utils", "torch.distributed.checkpoint"]
 
+# `always`: a layout of one process runs on a private Ray too (in_process), to compare the two or to watch it there.
+FORCE_RAY_ENV = "RLBUILD_TRAINER_RAY"
+
 # Whether this process started the Ray it is connected to (a private one), however many times it connected.
 _started_here = {"ray": False}
 
@@ -58,14 +61,30 @@ def shares_process(recipe: Recipe, layout: Layout, backend: str) -> bool:
     return shape.colocated and backend == "torch" and single and recipe.trainer.entrypoint == "grpo"
 
 
+def _backend(recipe: Recipe) -> str:
+    """The generator backend, resolved without torch as engines.resolve_backend resolves `auto`: vLLM on a GPU."""
+    backend = recipe.generator.backend
+    if backend == "auto":
+        backend = "vllm" if Path("/dev/nvidiactl").exists() else "torch"
+    return backend
+
+
 def actors_needed(launch: LaunchDocument) -> int:
     """One Ray actor per policy rank, reference worker and engine of a process of its own."""
     recipe, layout = launch.recipe, layout_of(launch)
-    backend = recipe.generator.backend
-    if backend == "auto":  # resolved where torch is imported (engines.resolve_backend): vLLM on a GPU, else torch
-        backend = "vllm" if Path("/dev/nvidiactl").exists() else "torch"
-    engines = 0 if shares_process(recipe, layout, backend) else layout.shape.engines
+    engines = 0 if shares_process(recipe, layout, _backend(recipe)) else layout.shape.engines
     return recipe.trainer.placement.policy_world_size + recipe.reference_workers + engines
+
+
+def in_process(launch: LaunchDocument) -> bool:
+    """Whether the run's roles live in the trainer's own process, with no Ray: a layout of one process (a single
+    policy rank with its engine, no reference workers) and no cluster to join. Ray would add its services and a
+    worker that imports torch and transformers again (~10 s and ~20 CPU-s of every such job's start) to hold what
+    this process already holds. RLBUILD_TRAINER_RAY=always starts a private Ray for it anyway (the same results)."""
+    if launch.ray.address or os.environ.get("RAY_ADDRESS") or os.environ.get(FORCE_RAY_ENV) == "always":
+        return False
+    recipe = launch.recipe
+    return shares_process(recipe, layout_of(launch), _backend(recipe)) and recipe.reference_workers == 0
 
 
 def connect_for(launch: LaunchDocument) -> bool:

@@ -36,7 +36,7 @@ from trainer.workers import cluster, sharding
 from trainer.workers.engines import make_engine
 from trainer.workers.policy import PolicyWorker
 from trainer.workers.reference import ReferenceWorker
-from trainer.workers.roles import Roles, SharedEngine, rendezvous
+from trainer.workers.roles import InProcessActor, Roles, SharedEngine, collect, rendezvous
 
 PLACEMENT_TIMEOUT_S = 180
 COLOCATED_SHARE = 0.5
@@ -223,13 +223,26 @@ def _wait_ready(reservation: Reservation) -> None:
 
 
 def start_roles(launch: LaunchDocument, cache_dir: str, backend: str) -> Roles:
-    """Connect to Ray (or start a private one) unless connected, then start the roles and open the weight-sync
-    group."""
-    started = cluster.connect_for(launch)
-    roles = place_roles(launch.recipe, cluster.layout_of(launch), launch.inputs.model.uri, cache_dir, backend)
-    roles.started_ray = started
-    roles.open_weight_sync(launch.recipe.generator.weight_sync_backend)
+    """Start the roles (in this process when the layout is one process, cluster.in_process; else on Ray, connected
+    to or started unless connected), then open the weight-sync group."""
+    recipe, layout, model_uri = launch.recipe, cluster.layout_of(launch), launch.inputs.model.uri
+    if cluster.in_process(launch):
+        roles = roles_in_process(recipe, layout, model_uri, cache_dir)
+    else:
+        started = cluster.connect_for(launch)
+        roles = place_roles(recipe, layout, model_uri, cache_dir, backend)
+        roles.started_ray = started
+    roles.open_weight_sync(recipe.generator.weight_sync_backend)
     return roles
+
+
+def roles_in_process(recipe: Recipe, layout: Layout, model_uri: str, cache_dir: str) -> Roles:
+    """The single policy rank and its engine (SharedEngineWorker) in this process: what place_roles starts for
+    this layout, without Ray."""
+    rank = InProcessActor(SharedEngineWorker(0, 1, recipe, model_uri, cache_dir, recipe.trainer.num_threads))
+    print(f"[trainer] layout: {layout.describe()}, in the trainer's process", flush=True)
+    print(f"[trainer] policy: {setup_group([rank])}", flush=True)
+    return Roles([rank], [SharedEngine(rank)], [], [])
 
 
 def place_roles(recipe: Recipe, layout: Layout, model_uri: str, cache_dir: str, backend: str) -> Roles:
@@ -271,5 +284,5 @@ def place_roles(recipe: Recipe, layout: Layout, model_uri: str, cache_dir: str, 
 
 def setup_group(ranks: list[Any]) -> str:
     """Join the ranks into one process group, load and shard their model; rank 0's account of the sharding."""
-    master_addr, port = rendezvous(ranks[0], ray.get([r.node.remote() for r in ranks]))
-    return ray.get([r.setup.remote(master_addr, port) for r in ranks])[0]
+    master_addr, port = rendezvous(ranks[0], collect([r.node.remote() for r in ranks]))
+    return collect([r.setup.remote(master_addr, port) for r in ranks])[0]

@@ -1,4 +1,5 @@
-"""The policy worker: one data-parallel rank of the policy (and its frozen reference), run as a Ray actor.
+"""The policy worker: one data-parallel rank of the policy (and its frozen reference), run as a Ray actor (or, a
+layout of one process, in the trainer's own: placement.roles_in_process).
 
 Ranks form a torch.distributed group (gloo on CPU, NCCL on GPU) and the model (with the reference it keeps) is
 `fully_shard`ed over it, on CPU as on GPU (trainer/workers/sharding.py). Checkpoints are sharded (one DCP file per

@@ -5,6 +5,7 @@ Each method is one thing a GRPO step does with them; trainer/workers/placement.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +25,47 @@ class WeightSyncError(TrainerError):
     """After a weight sync the engine's logprobs differ from the policy's beyond the tolerance."""
 
 
+@dataclass(frozen=True)
+class Finished:
+    """A call of an InProcessActor: already run; `collect` returns its value."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class _Method:
+    call: Callable[..., Any]
+
+    def remote(self, *args: Any, **kwargs: Any) -> Finished:
+        return Finished(self.call(*args, **kwargs))
+
+
+@dataclass(frozen=True)
+class InProcessActor:
+    """A role's worker object in the driver's own process, called as a Ray actor is (`actor.method.remote(...)`,
+    results through `collect`), in the order of the calls as an actor runs them: a layout of one process needs no
+    Ray (cluster.in_process says when)."""
+
+    worker: Any
+
+    def __getattr__(self, method: str) -> _Method:
+        if method.startswith("__"):  # copy, pickle and friends probe for these: not worker methods
+            raise AttributeError(method)
+        return _Method(getattr(self.worker, method))
+
+
+def collect(calls: Any) -> Any:
+    """`ray.get` for calls of Ray actors and of InProcessActors alike (one call, or a list of them)."""
+    if isinstance(calls, list):
+        if not any(isinstance(call, Finished) for call in calls):
+            return ray.get(calls)
+        return [collect(call) for call in calls]
+    return calls.value if isinstance(calls, Finished) else ray.get(calls)
+
+
 def rendezvous(host: Any, nodes: list[str]) -> tuple[str, int]:
     """Where a process group of actors on `nodes` meets: a free port on `host` (a policy worker)."""
-    master_addr, port = ray.get(host.address.remote())
+    master_addr, port = collect(host.address.remote())
     # All members on one node: keep gloo/NCCL on loopback (Ray may report the primary interface address).
     return ("127.0.0.1" if len(set(nodes)) == 1 else master_addr), port
 
@@ -59,7 +98,7 @@ class Roles:
         futures = [
             e.generate.remote(prompts[i * size : (i + 1) * size], params, seed + i) for i, e in enumerate(self.engines)
         ]
-        return [r for part in ray.get(futures) for r in part]
+        return [r for part in collect(futures) for r in part]
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         """Score the batch on the reference workers, an equal contiguous share of rows each.
@@ -71,7 +110,7 @@ class Roles:
         size = -(-rows // len(self.reference))
         index = torch.arange(size * len(self.reference)).clamp(max=rows - 1)
         parts = [{k: v[index[i * size : (i + 1) * size]] for k, v in batch.items()} for i in range(len(self.reference))]
-        scores = ray.get([w.logprobs.remote(p) for w, p in zip(self.reference, parts, strict=True)])
+        scores = collect([w.logprobs.remote(p) for w, p in zip(self.reference, parts, strict=True)])
         return torch.cat(scores)[:rows]
 
     def update(self, batch: UpdateBatch, minis: int, micro: int) -> dict[str, float]:
@@ -79,22 +118,23 @@ class Roles:
         if self.reference:
             batch.tensors["ref_logprobs"] = self.reference_logprobs(batch.tensors)
         shards = batch.shards(len(self.policy))
-        stats = ray.get([w.train_step.remote(s, minis, micro) for w, s in zip(self.policy, shards, strict=True)])
+        stats = collect([w.train_step.remote(s, minis, micro) for w, s in zip(self.policy, shards, strict=True)])
         return stats[0]
 
     def open_weight_sync(self, backend: str) -> None:
         """Open the policy -> engines broadcast group (trainer/workers/weight_sync.py) and learn what it will carry."""
-        if backend == "nccl" and not torch.cuda.is_available() and ray.cluster_resources().get("GPU", 0) == 0:
+        cluster_gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+        if backend == "nccl" and not torch.cuda.is_available() and cluster_gpus == 0:
             raise TrainerError(
                 "generator.weight_sync_backend=nccl needs GPUs on the policy and the engines; this cluster has "
                 "none. Use weight_sync_backend: gloo on CPU."
             )
-        ranks = ray.get([e.sync_ranks.remote() for e in self.engines])
+        ranks = collect([e.sync_ranks.remote() for e in self.engines])
         first_ranks = [1 + sum(ranks[:i]) for i in range(len(self.engines))]
-        nodes = ray.get([self.policy[0].node.remote(), *[e.node.remote() for e in self.engines]])
+        nodes = collect([self.policy[0].node.remote(), *[e.node.remote() for e in self.engines]])
         master_addr, port = rendezvous(self.policy[0], nodes)
         world = 1 + sum(ranks)
-        ray.get(
+        collect(
             [
                 self.policy[0].open_weight_sync.remote(backend, master_addr, port, world),
                 *[
@@ -103,7 +143,7 @@ class Roles:
                 ],
             ]
         )
-        self.weight_specs = ray.get([w.weight_specs.remote() for w in self.policy])[0]
+        self.weight_specs = collect([w.weight_specs.remote() for w in self.policy])[0]
 
     def sync_weights(self, probe: list[int], probe_start: int, tolerance: float) -> float:
         """Broadcast the policy's full weights to every engine, then check engine logprobs == policy logprobs.
@@ -115,8 +155,8 @@ class Roles:
         transfer += [e.receive_weights.remote(self.weight_specs) for e in self.engines]
         expected_calls = [w.sequence_logprobs.remote(probe, probe_start) for w in self.policy]
         observed_calls = [e.sequence_logprobs.remote(probe, probe_start) for e in self.engines]
-        ray.get(transfer)
-        expected, observed = ray.get(expected_calls)[0], ray.get(observed_calls)
+        collect(transfer)
+        expected, observed = collect(expected_calls)[0], collect(observed_calls)
         worst = max((max_abs_difference(expected, got) for got in observed), default=0.0)
         if worst > tolerance:
             raise WeightSyncError(
@@ -129,7 +169,7 @@ class Roles:
     def save_checkpoint(self, uri: str, with_hf_folder: bool) -> dict[str, Any]:
         """Every policy rank writes its shards under `uri` (and rank 0 the HF folder when asked); returns the
         manifest entries of every file written."""
-        written = ray.get([w.save_checkpoint.remote(uri, with_hf_folder) for w in self.policy])
+        written = collect([w.save_checkpoint.remote(uri, with_hf_folder) for w in self.policy])
         return {rel: entry for files in written for rel, entry in files.items()}
 
     def load_checkpoint(self, uri: str, files: dict[str, Any]) -> None:
@@ -137,18 +177,20 @@ class Roles:
         rank loads: a rank failing inside the collective load would leave the others waiting), then load it."""
         sharded = sorted(rel for rel in files if rel.startswith(f"{layout.SHARDED}/"))
         world = len(self.policy)
-        ray.get(
+        collect(
             [
                 w.verify_checkpoint.remote(uri, {rel: files[rel] for rel in sharded[rank::world]})
                 for rank, w in enumerate(self.policy)
             ]
         )
-        ray.get([w.load_checkpoint.remote(uri) for w in self.policy])
+        collect([w.load_checkpoint.remote(uri) for w in self.policy])
 
     def shutdown(self) -> None:
-        ray.get([w.shutdown.remote() for w in [*self.policy, *self.reference]])
-        for actor in [*self.policy, *self.reference, *(e for e in self.engines if not isinstance(e, SharedEngine))]:
-            ray.kill(actor)
+        collect([w.shutdown.remote() for w in [*self.policy, *self.reference]])
+        actors = [*self.policy, *self.reference, *(e for e in self.engines if not isinstance(e, SharedEngine))]
+        for actor in actors:
+            if not isinstance(actor, InProcessActor):
+                ray.kill(actor)
         for group in self.groups:
             remove_placement_group(group)
         cluster.disconnect(self.started_ray)

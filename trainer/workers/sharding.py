@@ -35,6 +35,8 @@ from trainer.workers import weight_sync
 # classes) and never calls those functions, and DCP's import (DTensor, sympy: ~1.5 s) is the driver's on the way to
 # step 0. A worker of a private Ray has imported it before it takes its actor (trainer/workers/cluster.py).
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+# What joining a process group sets in the rank's environment (torch's env:// rendezvous; gloo's interface).
+GROUP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")
 
 
 def free_port() -> int:
@@ -50,9 +52,14 @@ def node_ip() -> str:
 
 
 class Rank:
-    """One rank of a role's process group, run as a Ray actor (trainer/workers/placement.py starts them)."""
+    """One rank of a role's process group, run as a Ray actor or in the trainer's own process
+    (trainer/workers/placement.py starts them)."""
 
     def __init__(self, rank: int, world_size: int, model_uri: str, cache_dir: str, num_threads: int) -> None:
+        # What this rank changes in its process, put back by shutdown: a rank in the trainer's own process
+        # (placement.roles_in_process) leaves that process as it found it.
+        self._threads_before = torch.get_num_threads()
+        self._environment_before: dict[str, str | None] = {}  # join_group's
         torch.set_num_threads(num_threads)
         self.rank, self.world_size = rank, world_size
         # Each rank materialises on its own node; on one node the verified cache is shared.
@@ -69,6 +76,7 @@ class Rank:
 
     def join_group(self, master_addr: str, master_port: int) -> None:
         """Join the role's process group (every rank at once; rank 0 hosts the rendezvous)."""
+        self._environment_before = {name: os.environ.get(name) for name in GROUP_VARIABLES}
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master_addr, str(master_port)
         weight_sync.prefer_loopback(master_addr)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -77,6 +85,12 @@ class Rank:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        for name, value in self._environment_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.set_num_threads(self._threads_before)
 
 
 def shard(models: list[torch.nn.Module], device: torch.device) -> str:
