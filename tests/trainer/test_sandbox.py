@@ -8,8 +8,11 @@ from __future__ import annotations
 import gc
 import glob
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +23,9 @@ import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox import Sandbox, SandboxError
+from trainer.sandbox.local import bubblewrap
 from trainer.sandbox.local.bubblewrap import LocalSandbox, _children, _Output
+from trainer.sandbox.local.reachable import SANDBOX_UID, reachable_by
 from trainer.sandbox.pool import SandboxPool, _Lease
 from trainer.sandbox.registry import open_sandbox
 
@@ -368,3 +373,38 @@ def test_episodes_in_threads_each_see_their_own_files_and_closing_the_pool_leave
         assert lent.run("echo late").ended
         with pytest.raises(SandboxError, match="pool was closed"):
             pool.acquire({})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox changes user only under a root trainer")
+def test_a_root_trainer_in_a_private_home_starts_sandboxes_its_user_can_reach(tmp_path: Path) -> None:
+    """A clone under a mode-700 home, run as root (most containers): its .venv's bwrap and its TMPDIR are where the
+    sandbox's user cannot look. Every sandbox failed to start there ("Permission denied"), and a run trained on
+    nothing but start failures."""
+    home = tmp_path / "home"
+    (home / "tmp").mkdir(parents=True)
+    home.chmod(0o700)
+    # The wheel as a private home's .venv holds it: its package and the libraries it finds two folders up.
+    wheel = Path(bubblewrap._installed_bwrap())
+    site = home / "venv" / "site-packages"
+    shutil.copytree(wheel.parents[1], site / wheel.parents[1].name)
+    shutil.copytree(wheel.parents[2] / f"{wheel.parents[1].name}.libs", site / f"{wheel.parents[1].name}.libs")
+    private = site / wheel.relative_to(wheel.parents[2])
+    assert not reachable_by(private, SANDBOX_UID) and not reachable_by(home / "tmp", SANDBOX_UID)
+    script = f"""
+from rlbuild.contracts.recipe import SandboxSection
+from trainer.sandbox.local import bubblewrap
+from trainer.sandbox.registry import open_sandbox
+bubblewrap._installed_bwrap = lambda: {str(private)!r}
+with open_sandbox(SandboxSection(), {{"hello.txt": "hi\\n"}}) as sandbox:
+    print(sandbox.run("id -u; cat hello.txt").output, end="")
+    print(sandbox.folder)
+print(bubblewrap.bwrap())
+"""
+    env = {**os.environ, "TMPDIR": str(home / "tmp")}
+    ran = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    uid, said, folder, runs = ran.stdout.splitlines()
+    assert (uid, said) == (str(SANDBOX_UID), "hi")
+    assert not Path(folder).is_relative_to(home) and not Path(runs).is_relative_to(home)
+    assert reachable_by(Path(folder).parent, SANDBOX_UID)
+    assert not Path(runs).exists(), "the copy of bwrap is removed when the trainer exits"

@@ -14,7 +14,6 @@ env_config), since it is part of the model's language: a chat model reads the ra
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from rlbuild.contracts.recipe import SandboxSection
 from rlbuild.contracts.rows import write_task
 from rlbuild.core.validation import StrictModel
 from trainer.sandbox import compact_output
+from trainer.sandbox.local.reachable import make_folder
 from trainer.sandbox.task import HarborSandbox, open_task_sandbox
 from trainer.tasks import TaskError
 
@@ -57,7 +57,7 @@ class HarborTask:
                 "a Harbor episode needs a row from a harbor: data source and recipe.environment.sandbox set; "
                 "stage the task set with `source: harbor:<folder>` and name a sandbox backend"
             )
-        self._folder = Path(tempfile.mkdtemp(prefix="rlbuild-task-"))
+        self._folder = make_folder("rlbuild-task-")
         self.sandbox = open_task_sandbox(spec, write_task(self.extras, self._folder))
         return prompt, {"task": self.extras.get("task")}
 

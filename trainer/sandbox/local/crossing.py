@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from trainer.sandbox import SandboxError
-from trainer.sandbox.local.bubblewrap import SANDBOX_UID
+from trainer.sandbox.local.reachable import SANDBOX_UID, changes_user
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO the sandbox left opens at once (and is refused by its type) instead of waiting for a writer.
@@ -199,5 +199,5 @@ def _refuse_link(path: Path) -> None:
 
 def _give(fd: int) -> None:
     """A root trainer's sandbox runs as SANDBOX_UID, which must own what it is given (bubblewrap.hand_over)."""
-    if os.geteuid() == 0:
+    if changes_user():
         os.fchown(fd, SANDBOX_UID, SANDBOX_UID)
