@@ -234,12 +234,14 @@ def test_processes_an_action_left_running_are_dead_before_the_verifier_runs(tmp_
         # and one that would swap the verifier's script for its own the moment the host uploads it
         cheat = "while :; do [ -s /tests/test.sh ] && echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh; done"
         _run(sandbox, f"echo {shlex.quote(cheat)} > /tmp/cheat.sh; {left} sh /tmp/cheat.sh >/dev/null 2>&1 & true")
-        # The forks and execs settle in milliseconds, or seconds on a loaded box (an intermediate subshell still
-        # alive, a sleep not yet exec'd): the five long-lived processes, once they have.
+        # The forks and execs settle in milliseconds, or seconds on a loaded box (a sleep not yet exec'd is a
+        # copy of /bin/sh meanwhile, and a subshell may stay beside its sleep): the five long-lived processes, once
+        # every one of them runs.
+        wanted = {"sleep 1001", "sleep 1002", "sleep 1003", "sleep 1004", "sh /tmp/cheat.sh"}
         deadline = time.monotonic() + 30
-        while len(alive := _alive_besides_init_and_shell(_local(sandbox))) != 5 and time.monotonic() < deadline:
+        while not wanted <= set(alive := _alive_besides_init_and_shell(_local(sandbox))):
+            assert time.monotonic() < deadline, alive
             time.sleep(0.05)
-        assert len(alive) == 5 and sum("sleep 100" in line for line in alive) == 4, alive
         assert sandbox.verify() == 0.0  # the task's own verifier ran, untouched
         seen = (sandbox.trial_paths.verifier_dir / "seen").read_text()
         assert "sleep" not in seen and "cheat" not in seen, seen  # old code: sleep 1001..1004 ran beside it
