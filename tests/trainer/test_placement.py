@@ -24,7 +24,8 @@ from rlbuild.contracts.layout import Layout, PackingError, pack, shape_of_recipe
 from rlbuild.contracts.recipe import Recipe
 from rlbuild.plan.roleplan import check_role_plan, shape_of_plan
 from rlbuild.plan.spec import RolePlan, Runtime, Topology
-from trainer.workers.cluster import plain_worker_logs, shares_process
+from trainer.errors import TrainerError
+from trainer.workers.cluster import FORCE_RAY_ENV, forced_onto_ray, plain_worker_logs, shares_process
 from trainer.workers.placement import Reservation, reserve
 
 pytestmark = pytest.mark.timeout(300)
@@ -225,6 +226,18 @@ def test_only_a_single_rank_s_colocated_torch_engine_shares_its_process(
     nodes = 1 if recipe.trainer.placement.colocate_all else 2
     layout = pack(shape_of_recipe(recipe, nodes, gpus))
     assert shares_process(recipe, layout, backend) is shared
+
+
+def test_only_always_forces_a_one_process_layout_onto_ray_and_a_typo_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(FORCE_RAY_ENV, raising=False)
+    assert forced_onto_ray() is False
+    monkeypatch.setenv(FORCE_RAY_ENV, "always")
+    assert forced_onto_ray() is True
+    monkeypatch.setenv(FORCE_RAY_ENV, "1")
+    with pytest.raises(TrainerError, match=r"RLBUILD_TRAINER_RAY='1' is not a value it takes: `always` runs"):
+        forced_onto_ray()
 
 
 def test_the_driver_starts_ray_before_torch_and_leaves_the_workers_imports_to_them() -> None:

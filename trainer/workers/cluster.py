@@ -24,6 +24,7 @@ from rlbuild.contracts.recipe import Recipe
 from rlbuild.contracts.runtime import REPO_ROOT
 from rlbuild.core import storage
 from rlbuild.core.wire import RAY_TEMP_DIR_ENV
+from trainer.errors import TrainerError
 from trainer.workers import startup
 
 # What each worker of a private Ray imports as it starts, before it is given an actor: every actor class (the
@@ -76,12 +77,24 @@ def actors_needed(launch: LaunchDocument) -> int:
     return recipe.trainer.placement.policy_world_size + recipe.reference_workers + engines
 
 
+def forced_onto_ray() -> bool:
+    """Whether RLBUILD_TRAINER_RAY asks for a private Ray for a layout of one process; a value it does not know is
+    refused, not read as "no"."""
+    value = os.environ.get(FORCE_RAY_ENV, "")
+    if value not in ("", "always"):
+        raise TrainerError(
+            f"{FORCE_RAY_ENV}={value!r} is not a value it takes: `always` runs a layout of one process on a private "
+            f"Ray; unset it to let the trainer run such a layout in its own process"
+        )
+    return value == "always"
+
+
 def in_process(launch: LaunchDocument) -> bool:
     """Whether the run's roles live in the trainer's own process, with no Ray: a layout of one process (a single
     policy rank with its engine, no reference workers) and no cluster to join. Ray would add its services and a
     worker that imports torch and transformers again (~10 s and ~20 CPU-s of every such job's start) to hold what
     this process already holds. RLBUILD_TRAINER_RAY=always starts a private Ray for it anyway (the same results)."""
-    if launch.ray.address or os.environ.get("RAY_ADDRESS") or os.environ.get(FORCE_RAY_ENV) == "always":
+    if forced_onto_ray() or launch.ray.address or os.environ.get("RAY_ADDRESS"):
         return False
     recipe = launch.recipe
     return shares_process(recipe, layout_of(launch), _backend(recipe)) and recipe.reference_workers == 0
